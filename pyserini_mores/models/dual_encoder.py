@@ -1,0 +1,80 @@
+"""A late-interaction dual encoder (ColBERT-style MaxSim) on a BERT-family backbone.
+
+The smallest real model that exercises the whole stored-representation path: document token vectors are
+query-independent, so they go to the sidecar; online work is one query encoding and a batched MaxSim.
+``score = Σ_query tokens max_doc tokens ⟨q_i, d_j⟩`` over L2-normalised (optionally projected) token vectors.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._layers import BertEncoder, key_padding_mask, load_bert_weights
+from .backbones import DEFAULT_BACKBONE, load_backbone
+from .base import RankingConfig, RankingModel
+
+
+@dataclass
+class DualEncoderConfig(RankingConfig):
+    projection_dim: int | None = None  # None: no projection, store the encoder's hidden size
+    normalize: bool = True
+
+
+class DualEncoder(RankingModel):
+    model_type = "maxsim"
+    config_class = DualEncoderConfig
+
+    def __init__(self, config: DualEncoderConfig, tokenizer):
+        super().__init__(config, tokenizer)
+        self.encoder = BertEncoder(config.encoder)
+        hidden = config.encoder.hidden_size
+        self.projection = nn.Linear(hidden, config.projection_dim, bias=False) if config.projection_dim else None
+
+    @classmethod
+    def from_backbone(cls, backbone: str = DEFAULT_BACKBONE, **config_overrides) -> "DualEncoder":
+        dims, state_dict, tokenizer = load_backbone(backbone)
+        config = DualEncoderConfig(encoder=dims, backbone=str(backbone), **config_overrides)
+        model = cls(config, tokenizer)
+        load_bert_weights(model.encoder, state_dict)
+        return model.eval()
+
+    @property
+    def store_width(self) -> int:
+        return self.config.projection_dim or self.config.encoder.hidden_size
+
+    def store_config(self) -> dict:
+        return {**super().store_config(), "projection_dim": self.config.projection_dim,
+                "normalize": self.config.normalize}
+
+    def _token_vectors(self, batch: dict) -> torch.Tensor:
+        hidden = self.encoder(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
+        if self.projection is not None:
+            hidden = self.projection(hidden)
+        return F.normalize(hidden, dim=-1) if self.config.normalize else hidden
+
+    def encode_documents(self, doc_batch: dict) -> list[torch.Tensor]:
+        vectors = self._token_vectors(doc_batch)
+        lengths = doc_batch["attention_mask"].sum(1).tolist()
+        return [vectors[i, :length] for i, length in enumerate(lengths)]
+
+    def encode_query(self, query_batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._token_vectors(query_batch), query_batch["attention_mask"]
+
+    def score(self, query_state, docs: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        query_vectors, query_mask = query_state
+        return _maxsim(query_vectors, query_mask, docs.to(query_vectors.dtype), lengths)
+
+    def forward(self, query_batch: dict, doc_batch: dict) -> torch.Tensor:
+        docs = self._token_vectors(doc_batch)
+        return _maxsim(*self.encode_query(query_batch), docs, doc_batch["attention_mask"].sum(1))
+
+
+def _maxsim(query_vectors, query_mask, docs, doc_lengths) -> torch.Tensor:
+    """``query_vectors [B|1, q, W]`` against ``docs [B, L, W]`` → ``[B]``; padded tokens on either side ignored."""
+    similarity = torch.matmul(query_vectors, docs.transpose(1, 2))  # [B, q, L]
+    doc_mask = key_padding_mask(doc_lengths, docs.shape[1])[:, 0]  # [B, 1, L]
+    best = similarity.masked_fill(~doc_mask, torch.finfo(similarity.dtype).min).amax(-1)  # [B, q]
+    return (best * query_mask.to(best.dtype)).sum(-1)
