@@ -30,3 +30,31 @@ def tiny_dims():
 @pytest.fixture(scope="session")
 def tiny_documents() -> list[dict]:
     return [json.loads(line) for line in (RESOURCES / "tiny_collection.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="session")
+def tiny_index(tmp_path_factory) -> Path:
+    """A real Lucene index, built by Pyserini, of the 20-document tiny collection (raw text stored)."""
+    from pyserini_mores.index import build_lucene_index
+
+    root = tmp_path_factory.mktemp("tiny_index")
+    (root / "jsonl").mkdir()
+    (root / "jsonl" / "docs.jsonl").write_text((RESOURCES / "tiny_collection.jsonl").read_text())
+    return build_lucene_index(root / "jsonl", root / "index")
+
+
+@pytest.fixture(scope="session")
+def tiny_maxsim_dir(tmp_path_factory, tokenizer) -> Path:
+    """A saved random-weight MaxSim dual encoder (2 layers, 32 wide) on the real MiniLM tokenizer."""
+    import torch
+
+    from pyserini_mores.models._layers import BertDims
+    from pyserini_mores.models.dual_encoder import DualEncoder, DualEncoderConfig
+
+    torch.manual_seed(0)
+    dims = BertDims(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                    max_position_embeddings=256)
+    model = DualEncoder(DualEncoderConfig(encoder=dims, doc_max_length=64), tokenizer).eval()
+    path = tmp_path_factory.mktemp("models") / "tiny-maxsim"
+    model.save_pretrained(path)
+    return path

@@ -2,6 +2,7 @@
 beyond checkpoints."""
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -34,15 +35,20 @@ def load_model(model_type: str, name_or_path: str | os.PathLike, **overrides) ->
     ``overrides`` go to the config (e.g. ``reuse='s2'`` for MORES).
     """
     cls = model_class(model_type)
+    model = None
     if (Path(name_or_path) / "config.json").is_file():
-        values = read_checkpoint_config(name_or_path)
-        if values["model_type"] == model_type:
-            return cls.from_pretrained(name_or_path, **overrides)
-        if values.get("architectures") is None:
+        values = json.loads((Path(name_or_path) / "config.json").read_text())
+        if values.get("model_type") == model_type and "architectures" not in values:
+            model = cls.from_pretrained(name_or_path, **overrides)
+        elif values.get("model_type") in MODEL_CLASSES:
             raise ValueError(
                 f"{name_or_path} holds a '{values['model_type']}' checkpoint, not a '{model_type}' one"
             )
-    return cls.from_backbone(str(name_or_path), **overrides)
+    if model is None:
+        model = cls.from_backbone(str(name_or_path), **overrides)
+    # Remembered so that commands can tell the user how to rebuild what this model needs (e.g. its sidecar).
+    model.source, model.source_overrides = str(name_or_path), dict(overrides)
+    return model
 
 
 __all__ = ["RankingConfig", "RankingModel", "MODEL_CLASSES", "model_class", "load_model", "pad_documents"]

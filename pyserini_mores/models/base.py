@@ -145,14 +145,15 @@ class RankingModel(nn.Module):
     def from_pretrained(cls, directory: str | os.PathLike, **overrides) -> "RankingModel":
         """Load a checkpoint directory written by :meth:`save_pretrained`; ``overrides`` replace config fields."""
         from safetensors.torch import load_model
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer, PretrainedConfig
 
         directory = Path(directory)
         values = read_checkpoint_config(directory)
         if values.get("model_type") != cls.model_type:
             raise ValueError(f"{directory} holds a '{values.get('model_type')}' model, not '{cls.model_type}'")
         config = cls.config_class.from_dict({**values, **overrides})
-        tokenizer = AutoTokenizer.from_pretrained(str(directory))
+        # An empty config keeps transformers from reading our config.json as if it were its own.
+        tokenizer = AutoTokenizer.from_pretrained(str(directory), config=PretrainedConfig())
         model = cls(config, tokenizer)
         load_model(model, str(directory / WEIGHTS_NAME), strict=True)
         model.eval()
@@ -193,7 +194,7 @@ def _fingerprint(header: dict, parameters: Iterable[tuple[str, torch.Tensor]], t
         digest.update(name.encode())
         tensor = tensor.detach().to("cpu").contiguous()
         digest.update(str(tensor.dtype).encode() + str(tuple(tensor.shape)).encode())
-        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
     digest.update(tokenizer_fingerprint(tokenizer).encode())
     return digest.hexdigest()
 

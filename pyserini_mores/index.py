@@ -1,0 +1,194 @@
+"""Lucene indexes through Pyserini: resolve a path or prebuilt name, build small indexes, read stored text, and
+compute the identity a sidecar is bound to."""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from ._jvm import ensure_jvm, import_pyserini
+
+logger = logging.getLogger(__name__)
+
+#: Pyserini's search CLI silently switches to these BM25 parameters for its prebuilt MS MARCO indexes; so do we,
+#: so that `--index msmarco-passage` gives Pyserini's numbers. Explicit --k1/--b win.
+PREBUILT_BM25 = {
+    "msmarco-passage": (0.82, 0.68),
+    "msmarco-v1-passage": (0.82, 0.68),
+    "msmarco-v1-passage-slim": (0.82, 0.68),
+    "msmarco-v1-passage-full": (0.82, 0.68),
+    "msmarco-v1-doc": (4.46, 0.82),
+    "msmarco-doc": (4.46, 0.82),
+}
+DEFAULT_BM25 = (0.9, 0.4)
+IDENTITY_SAMPLES = 1024
+
+
+class IndexNotFoundError(FileNotFoundError):
+    """Neither a Lucene index directory nor a prebuilt index that is (or can be) cached."""
+
+
+@dataclass(frozen=True)
+class ResolvedIndex:
+    path: Path
+    prebuilt_name: str | None = None
+
+    @property
+    def default_bm25(self) -> tuple[float, float]:
+        return PREBUILT_BM25.get(self.prebuilt_name or "", DEFAULT_BM25)
+
+
+def resolve_index(name_or_path: str | os.PathLike, download: bool = True) -> ResolvedIndex:
+    """A Lucene index directory, or a Pyserini prebuilt index name (cached, or downloaded when a network is there).
+
+    Raises:
+        IndexNotFoundError: with a message saying what was tried and what to do instead.
+    """
+    text = str(name_or_path)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        if not any(path.glob("segments_*")):
+            raise IndexNotFoundError(f"{path} is a directory but not a Lucene index (no segments_* file)")
+        return ResolvedIndex(path.resolve())
+    if os.sep in text or text.startswith("."):
+        raise IndexNotFoundError(f"index directory {text} does not exist")
+    info = _prebuilt_info(text)
+    if info is None:
+        raise IndexNotFoundError(
+            f"'{text}' is neither an index directory nor a Pyserini prebuilt index name "
+            "(e.g. msmarco-v1-passage); pass the path of a Lucene index"
+        )
+    cached = _cached_prebuilt_path(text, info)
+    if cached is not None:
+        return ResolvedIndex(cached, text)
+    if not download:
+        raise IndexNotFoundError(f"prebuilt index '{text}' is not in the Pyserini cache ({_cache_dir()})")
+    util = import_pyserini("pyserini.util")
+    try:
+        return ResolvedIndex(Path(util.download_prebuilt_index(text, verbose=True)), text)
+    except Exception as error:  # network errors come in many types (URLError, ValueError, OSError, ...)
+        raise IndexNotFoundError(
+            f"prebuilt index '{text}' is not cached in {_cache_dir()} and could not be downloaded ({error}). "
+            "Offline, build an index with `python -m pyserini.index.lucene` and pass its path to --index."
+        ) from error
+
+
+def _prebuilt_info(name: str) -> dict | None:
+    info = import_pyserini("pyserini.prebuilt_index_info")
+    return info.TF_INDEX_INFO.get(name)
+
+
+def _cache_dir() -> Path:
+    custom = os.environ.get("PYSERINI_CACHE")
+    return Path(custom) if custom else Path.home() / ".cache" / "pyserini"
+
+
+def _cached_prebuilt_path(name: str, info: dict) -> Path | None:
+    filename = info.get("filename") or info["urls"][0].split("/")[-1]
+    stem = filename.split(".tar.gz")[0]
+    candidate = _cache_dir() / "indexes" / f"{stem}.{info['md5']}"
+    return candidate if candidate.is_dir() else None
+
+
+def open_searcher(index: str | os.PathLike | ResolvedIndex):
+    """A Pyserini ``LuceneSearcher`` over a resolved index."""
+    resolved = index if isinstance(index, ResolvedIndex) else resolve_index(index)
+    lucene = import_pyserini("pyserini.search.lucene")
+    return lucene.LuceneSearcher(str(resolved.path))
+
+
+def document_text(document) -> str:
+    """The text of a Pyserini ``Document``: its stored ``contents``, else the ``contents``/``text`` of its raw JSON."""
+    contents = document.contents()
+    if contents:
+        return contents
+    raw = document.raw()
+    if raw:
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            return raw
+        if isinstance(record, dict):
+            for key in ("contents", "text", "passage", "body"):
+                if isinstance(record.get(key), str):
+                    title = record.get("title")
+                    return f"{title} {record[key]}" if isinstance(title, str) and title else record[key]
+        return raw
+    return ""
+
+
+class MissingDocumentTextError(ValueError):
+    """The index stores neither contents nor raw text for a document."""
+
+
+def fetch_texts(searcher, docids: list[str]) -> list[str]:
+    """Texts of documents by collection docid, from the index's stored fields."""
+    texts = []
+    for docid in docids:
+        document = searcher.doc(docid)
+        if document is None:
+            raise KeyError(f"document {docid} is not in the index")
+        text = document_text(document)
+        if not text and document.raw() is None and document.contents() is None:
+            raise MissingDocumentTextError(
+                f"the index stores no text for document {docid} (built without --storeRaw/--storeContents); "
+                "pass --collection with the collection file"
+            )
+        texts.append(text)
+    return texts
+
+
+def iter_index_documents(searcher, start_row: int = 0) -> Iterator[tuple[int, str, str]]:
+    """``(row, docid, text)`` for every document in Lucene internal order (the sidecar's row order)."""
+    for row in range(start_row, searcher.num_docs):
+        document = searcher.doc(row)
+        if document is None:
+            raise MissingDocumentTextError(f"Lucene document {row} cannot be read (deleted?)")
+        text = document_text(document)
+        if not text and document.raw() is None and document.contents() is None:
+            raise MissingDocumentTextError(
+                f"the index stores no text (document {document.docid()}); rebuild it with --storeRaw or pass "
+                "--collection with the collection file"
+            )
+        yield row, document.docid(), text
+
+
+def index_docids(searcher) -> list[str]:
+    """Every collection docid in row (Lucene internal) order."""
+    return [searcher.doc(row).docid() for row in range(searcher.num_docs)]
+
+
+def index_identity(searcher) -> dict:
+    """What a sidecar is bound to: the document count and a hash of the docids at evenly spaced rows.
+
+    Cheap for any index size (at most :data:`IDENTITY_SAMPLES` stored-field reads) and stable across machines
+    and copies of the same index; a rebuilt index whose row order changed gets a different signature.
+    """
+    num_docs = int(searcher.num_docs)
+    step = max(1, num_docs // IDENTITY_SAMPLES)
+    rows = sorted(set(range(0, num_docs, step)) | ({num_docs - 1} if num_docs else set()))
+    digest = hashlib.sha256(str(num_docs).encode())
+    for row in rows:
+        digest.update(f"{row}:{searcher.doc(row).docid()}\n".encode())
+    return {"num_docs": num_docs, "signature": digest.hexdigest()}
+
+
+def build_lucene_index(input_dir: str | os.PathLike, index_dir: str | os.PathLike, threads: int = 1,
+                       collection: str = "JsonCollection") -> Path:
+    """Build a BM25 Lucene index of a JsonCollection directory (``{"id", "contents"}`` lines) with Pyserini,
+    storing positions, doc vectors and raw text (what the sidecar build and rerankers read)."""
+    ensure_jvm()
+    from jnius import autoclass
+
+    index_dir = Path(index_dir)
+    args = ["-collection", collection, "-input", str(input_dir), "-index", str(index_dir),
+            "-generator", "DefaultLuceneDocumentGenerator", "-threads", str(threads),
+            "-storePositions", "-storeDocvectors", "-storeRaw", "-quiet"]
+    autoclass("io.anserini.index.IndexCollection").main(args)
+    if not any(index_dir.glob("segments_*")):
+        raise RuntimeError(f"Pyserini did not produce an index in {index_dir}")
+    return index_dir

@@ -1,0 +1,95 @@
+"""Ranking losses shared by every model family, and the one rule that turns a 2-class head into a ranking score.
+
+Conventions (all functions return a scalar mean over the batch, computed in fp32 even under autocast):
+
+* **pointwise** — MORES's default (Dai & Callan 2019, the MORES code): 2-class softmax cross-entropy on
+  ``logits [B, 2]`` with ``labels [B]`` in {0, 1}. For two classes this equals binary cross-entropy on the logit
+  difference ``s = logits[:, 1] - logits[:, 0]``, so :func:`pointwise_cross_entropy` also accepts ranking scores
+  ``[B]`` (or a 1-logit head ``[B, 1]``) and gives the same value.
+* **pairwise** — hinge ``max(0, margin - s⁺ + s⁻)`` (EARL's "pairwise hinge", TK's loss).
+* **listwise** — softmax cross-entropy over a group of candidates of one query (``[Q, G]``); with G = 2 and the
+  positive first this is PreTTR's pairwise softmax loss ``-log softmax([s⁺, s⁻])[0]``.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def ranking_scores(logits: torch.Tensor) -> torch.Tensor:
+    """Ranking score ``[B]`` of head outputs ``logits [B, 2]`` (→ ``logits[:, 1] - logits[:, 0]``) or ``[B, 1]``.
+
+    The logit difference is the log-odds of relevance, strictly monotone in ``P(rel) = softmax(logits)[:, 1]``, so
+    it ranks exactly as the paper's ``P(rel)`` does while keeping resolution where softmax saturates (and it is
+    what :func:`pointwise_cross_entropy` trains when given scores).
+    """
+    if logits.shape[-1] == 2:
+        return logits[..., 1] - logits[..., 0]
+    if logits.shape[-1] == 1:
+        return logits[..., 0]
+    raise ValueError(f"expected logits with 1 or 2 columns, got shape {tuple(logits.shape)}")
+
+
+def pointwise_cross_entropy(logits_or_scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Pointwise relevance loss: 2-class CE on ``logits [B, 2]``, or binary CE on scores ``[B]`` / ``[B, 1]``.
+
+    Args:
+        logits_or_scores: ``[B, 2]`` head logits (class 1 = relevant), or ``[B]``/``[B, 1]`` ranking scores.
+        labels: ``[B]`` binary relevance (ints or floats in {0, 1}).
+
+    Example:
+        >>> pointwise_cross_entropy(torch.tensor([[0.0, 0.0]]), torch.tensor([1]))  # -log 0.5
+        tensor(0.6931)
+    """
+    values = logits_or_scores.float()
+    if values.dim() == 2 and values.shape[-1] == 2:
+        return F.cross_entropy(values, labels.long())
+    if values.dim() == 2 and values.shape[-1] == 1:
+        values = values[:, 0]
+    if values.dim() != 1:
+        raise ValueError(f"expected [B, 2] logits or [B] scores, got shape {tuple(logits_or_scores.shape)}")
+    return F.binary_cross_entropy_with_logits(values, labels.float())
+
+
+def pairwise_hinge(positive_scores: torch.Tensor, negative_scores: torch.Tensor, margin: float = 1.0) -> torch.Tensor:
+    """Mean of ``max(0, margin - s⁺ + s⁻)``.
+
+    Args:
+        positive_scores: ``[B]`` scores of relevant documents.
+        negative_scores: ``[B]`` (one negative per positive) or ``[B, N]`` (N negatives per positive; every
+            (positive, negative) pair counts once).
+        margin: the hinge margin (1.0 in TK; EARL does not state one).
+    """
+    positive = positive_scores.float()
+    negative = negative_scores.float()
+    if negative.dim() == positive.dim() + 1:
+        positive = positive.unsqueeze(-1)
+    return torch.clamp(margin - positive + negative, min=0).mean()
+
+
+def listwise_softmax_cross_entropy(grouped_scores: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+    """Softmax cross-entropy over the candidates of each query.
+
+    Args:
+        grouped_scores: ``[Q, G]`` scores, one row per query.
+        labels: ``[Q, G]`` non-negative relevance; the target distribution of a row is ``labels / labels.sum()``.
+            ``None`` means the relevant document is in column 0 of every row (the usual ``(pos, neg, neg, …)``
+            grouping). Rows without any relevant document are skipped.
+
+    Example:
+        >>> listwise_softmax_cross_entropy(torch.tensor([[1.0, 1.0]]))  # -log 0.5
+        tensor(0.6931)
+    """
+    log_probs = grouped_scores.float().log_softmax(-1)
+    if labels is None:
+        return -log_probs[:, 0].mean()
+    labels = labels.to(log_probs.dtype)
+    totals = labels.sum(-1)
+    keep = totals > 0
+    if not bool(keep.any()):
+        return (grouped_scores.float() * 0).sum()  # no relevant document: zero loss, graph kept
+    target = labels[keep] / totals[keep, None]
+    return -(target * log_probs[keep]).sum(-1).mean()
+
+
+__all__ = ["ranking_scores", "pointwise_cross_entropy", "pairwise_hinge", "listwise_softmax_cross_entropy"]

@@ -1,0 +1,565 @@
+"""MORES (Gao, Dai & Callan; = EARL): a BERT ranker split into a Document Representation Module (offline, stored in
+the sidecar), a Query Representation Module (once per query) and K Interaction Blocks (per candidate), where only
+query states are updated and document states are fixed.
+
+Module by module (SEEDS-SPEC §1.1, §2.1; A4–A13)::
+
+    D = document_module([CLS] d [SEP])                  full BERT encoder, positions from 0, segment 0   [d, n]
+    Q = query_module([CLS] q [SEP])                     own embeddings + the doc encoder's first L−K layers [q, n]
+    for each interaction block i = 1..K:                 BERT post-LN, √d_head scaling, GELU
+        Q = LN(Attend(Q, D) + Q)                         cross-attention query → document (D fixed)
+        Q = LN(Attend(Q, Q) + Q)                         query self-attention
+        Q = LN(FFN(Q) + Q)
+    logits = head(Pool(Q))                               Pool: [CLS] row, or the masked mean of real query tokens
+    score  = logits[1] − logits[0]                       (see :func:`.losses.ranking_scores`)
+
+What the sidecar stores (``reuse``; scores are identical either way):
+
+* ``s1`` — Reuse-S1: ``D`` itself, all real tokens incl. ``[CLS]``/``[SEP]``; ``store_width = n``. Each block
+  projects the stored ``D`` to its keys/values online. Depends only on the document module, so an S1 sidecar
+  survives fine-tuning of the interaction blocks.
+* ``s2`` (default) — Reuse-S2: every block's keys and values of ``D`` (biases included, heads not split),
+  ``[K₁‖V₁‖…‖K_K‖V_K]`` on the feature axis; ``store_width = 2·K·n``. Online work is query-side only. (The paper's
+  Table 4 storage numbers are 4K·|D|; its text and the maths are 2K·|D| — SEEDS-SPEC A5.)
+
+Separate module storage (:meth:`MoresModel.save_modules` / :meth:`MoresModel.from_modules`), the paper's three
+independently deployable modules::
+
+    directory/config.json                           the MoresConfig (as in save_pretrained)
+    directory/<tokenizer files>
+    directory/document_module/model.safetensors     embeddings + all L layers
+    directory/query_module/model.safetensors        embeddings (+ its L−K layers when untied; tied layers live in
+                                                    the document module)
+    directory/interaction_module/model.safetensors  the K blocks + the score head
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._layers import (
+    Attention,
+    BertDims,
+    BertEncoder,
+    Embeddings,
+    FeedForward,
+    TransformerLayer,
+    attention_mask_from_ids,
+    convert_hf_bert_state_dict,
+    key_padding_mask,
+    load_bert_weights,
+)
+from .backbones import DEFAULT_BACKBONE, load_backbone
+from .base import CONFIG_NAME, WEIGHTS_NAME, RankingConfig, RankingModel
+from .losses import ranking_scores
+
+POOLINGS = ("cls", "avg")
+REUSES = ("s1", "s2")
+IB_INITS = ("copy", "random")
+MODULE_NAMES = ("document_module", "query_module", "interaction_module")
+INITIALIZER_RANGE = 0.02  # BERT's init std for new weights (head, random cross-attention)
+
+
+@dataclass
+class MoresConfig(RankingConfig):
+    """MORES/EARL hyperparameters (``encoder``: the BERT dims shared by all three modules).
+
+    Attributes:
+        n_interaction_blocks: K, the number of Interaction Blocks (paper: 1–4; 2 recommended). The query module
+            gets the first ``n_query_layers = L − K`` layers; needs ``1 ≤ K < L``.
+        tied: the query module's layers are the *same modules* as the document module's first L−K layers
+            (MORES code, EARL "Tied", SEEDS-SPEC A4). ``False``: separate copies. The query embeddings are always
+            a separate copy.
+        pooling: ``"cls"`` — the query's [CLS] row of the last block (MORES, EARL ClsPool); ``"avg"`` — the mean
+            over real query tokens incl. [CLS]/[SEP] (EARL AvePool, A7).
+        reuse: what the sidecar stores, a runtime choice that never changes scores: ``"s1"`` (D, width n) or
+            ``"s2"`` (per-block keys and values of D, width 2·K·n).
+        num_labels: 2 (default) — head ``Linear(n, 2)`` trained with 2-class CE (MORES code), ranking score =
+            ``logits[1] − logits[0]`` (monotone in P(rel) = softmax[1]); 1 — a single logit used as the score
+            (for pairwise/listwise losses).
+        ib_init: ``"copy"`` — each block's cross-attention starts as a copy of its BERT layer's self-attention
+            (the paper's initialisation); ``"random"`` — BERT-style random init (the paper's ablation, much worse).
+    """
+
+    n_interaction_blocks: int = 2
+    tied: bool = True
+    pooling: str = "cls"
+    reuse: str = "s2"
+    num_labels: int = 2
+    ib_init: str = "copy"
+
+    def __post_init__(self):
+        _check_choice("pooling", self.pooling, POOLINGS)
+        _check_choice("reuse", self.reuse, REUSES)
+        _check_choice("ib_init", self.ib_init, IB_INITS)
+        if self.num_labels not in (1, 2):
+            raise ValueError(f"num_labels must be 1 or 2, not {self.num_labels}")
+        if self.n_interaction_blocks < 1:
+            raise ValueError(f"n_interaction_blocks must be at least 1, not {self.n_interaction_blocks}")
+        if self.encoder is not None and self.n_interaction_blocks >= self.encoder.num_hidden_layers:
+            raise ValueError(
+                f"n_interaction_blocks={self.n_interaction_blocks} needs an encoder with more layers than that "
+                f"(the query module keeps L − K ≥ 1 layers); this one has {self.encoder.num_hidden_layers}"
+            )
+
+    @property
+    def n_query_layers(self) -> int:
+        """``L − K``: the layers of the query module (SEEDS-SPEC A13)."""
+        return self.encoder.num_hidden_layers - self.n_interaction_blocks
+
+    def to_dict(self) -> dict:
+        values = super().to_dict()
+        if self.encoder is not None:
+            values["n_query_layers"] = self.n_query_layers  # derived; written for readers of config.json
+        return values
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "MoresConfig":
+        values = dict(values)
+        n_query_layers = values.pop("n_query_layers", None)
+        config = super().from_dict(values)
+        if n_query_layers is not None and config.encoder is not None and n_query_layers != config.n_query_layers:
+            raise ValueError(
+                f"n_query_layers={n_query_layers} contradicts {config.encoder.num_hidden_layers} layers − "
+                f"{config.n_interaction_blocks} interaction blocks; set n_interaction_blocks instead"
+            )
+        return config
+
+
+def _check_choice(name: str, value, choices: tuple) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, not {value!r}")
+
+
+@dataclass
+class MoresQueryState:
+    """What :meth:`MoresModel.encode_query` computes once per query and :meth:`MoresModel.score` broadcasts.
+
+    Attributes:
+        hidden: ``[1, q, n]`` query representation Q (output of the query module).
+        mask: ``[1, 1, 1, q]`` boolean, True at real query tokens.
+        first_block_queries: ``[1, h, q, n/h]`` the first block's cross-attention query projection of Q — the same
+            for every candidate, so it is computed here once.
+    """
+
+    hidden: torch.Tensor
+    mask: torch.Tensor
+    first_block_queries: torch.Tensor
+
+
+class QueryRepresentationModule(nn.Module):
+    """Own embeddings + ``L − K`` BERT layers (shared with the document module when tied)."""
+
+    def __init__(self, dims: BertDims, layers: nn.ModuleList):
+        super().__init__()
+        self.embeddings = Embeddings(dims)
+        self.layers = layers
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """``[B, q, n]`` query states of ``[CLS] q [SEP]`` (positions from 0)."""
+        x = self.embeddings(input_ids, token_type_ids)
+        mask = attention_mask_from_ids(attention_mask)
+        for layer in self.layers:
+            x = layer(x, mask)
+        return x
+
+
+class InteractionBlock(nn.Module):
+    """Cross-attention (query → fixed document keys/values), query self-attention, FFN — all BERT post-LN."""
+
+    def __init__(self, dims: BertDims):
+        super().__init__()
+        self.cross_attention = Attention(dims)
+        self.self_attention = Attention(dims)
+        self.ffn = FeedForward(dims)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        doc_keys: torch.Tensor,
+        doc_values: torch.Tensor,
+        doc_mask: torch.Tensor,
+        query_mask: torch.Tensor,
+        cross_queries: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Update query states ``x [1|B, q, n]`` against documents' ``doc_keys``/``doc_values [B, d, n]``.
+
+        ``cross_queries [1|B, h, q, n/h]``: the cross-attention query projection of ``x`` when already known
+        (the first block, computed once per query); ``doc_mask [B, 1, 1, d]``, ``query_mask [1|B, 1, 1, q]``.
+        """
+        x = _cross_attend(self.cross_attention, x, doc_keys, doc_values, doc_mask, cross_queries)
+        x = self.self_attention(x, mask=query_mask)
+        return self.ffn(x)
+
+
+def _cross_attend(attention: Attention, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                  mask: torch.Tensor, queries: torch.Tensor | None = None) -> torch.Tensor:
+    """:meth:`Attention.attend` that accepts an already projected (and possibly batch-1) query side.
+
+    The query side stays batch-1 when it is (broadcast with ``expand``: no copy); the residual broadcasts.
+    """
+    if queries is None:
+        queries = attention.split_heads(attention.query(x))
+    batch = keys.shape[0]
+    queries = queries.to(keys.dtype)
+    if queries.shape[0] != batch:
+        queries = queries.expand(batch, -1, -1, -1)
+    context = F.scaled_dot_product_attention(
+        queries,
+        attention.split_heads(keys),
+        attention.split_heads(values.to(keys.dtype)),
+        attn_mask=mask,
+        dropout_p=attention.attention_dropout if attention.training else 0.0,
+    )
+    return attention.norm(x + attention.dropout(attention.output(attention.merge_heads(context))))
+
+
+class InteractionModule(nn.Module):
+    """K :class:`InteractionBlock` and the score head (everything that runs once per (query, candidate))."""
+
+    def __init__(self, dims: BertDims, n_blocks: int, num_labels: int):
+        super().__init__()
+        self.blocks = nn.ModuleList(InteractionBlock(dims) for _ in range(n_blocks))
+        self.head = nn.Linear(dims.hidden_size, num_labels)
+
+
+class MoresModel(RankingModel):
+    """MORES / EARL reranker; see the module docstring. Build with :meth:`from_backbone` (BERT-weight-assisted
+    init) or load with :meth:`from_pretrained` / :meth:`from_modules`.
+
+    Example:
+        >>> from pyserini_mores.models import pad_documents
+        >>> model = MoresModel.from_backbone("minilm", n_interaction_blocks=2, reuse="s2")
+        >>> docs = model.encode_documents(model.tokenize_documents(["a passage", "another one"]))  # sidecar rows
+        >>> state = model.encode_query(model.tokenize_queries(["what is a passage"]))
+        >>> scores = model.score(state, *pad_documents(docs))  # [2]
+    """
+
+    model_type = "mores"
+    config_class = MoresConfig
+    #: documents per encoder call in :meth:`score_texts` (an attribute, not config: it never changes scores)
+    batch_size: int = 128
+
+    def __init__(self, config: MoresConfig, tokenizer):
+        if config.encoder is None:
+            raise ValueError("MoresConfig.encoder (the BERT dims) is required")
+        config.__post_init__()  # re-validate: fields may have been changed after construction
+        super().__init__(config, tokenizer)
+        dims = config.encoder
+        self.document_module = BertEncoder(dims)
+        n_query = config.n_query_layers
+        if config.tied:
+            query_layers = nn.ModuleList(self.document_module.layers[:n_query])  # the same module objects
+        else:
+            query_layers = nn.ModuleList(TransformerLayer(dims) for _ in range(n_query))
+        self.query_module = QueryRepresentationModule(dims, query_layers)
+        self.interaction_module = InteractionModule(dims, config.n_interaction_blocks, config.num_labels)
+        self.apply(_init_bert_weights)
+
+    # ---- construction ---------------------------------------------------------------------------------------
+    @classmethod
+    def from_backbone(cls, backbone: str | os.PathLike = DEFAULT_BACKBONE, **config_overrides) -> "MoresModel":
+        """BERT-weight-assisted initialisation from a BERT-architecture checkpoint (hub name, dir, ``minilm``).
+
+        Document module = the whole encoder. Query module = its embeddings (a copy) + layers ``0 … L−K−1`` (the
+        document module's own layers when tied, equal copies otherwise). Block ``i`` (0-based): self-attention and
+        FFN copy layer ``L−K+i``; its cross-attention copies that layer's self-attention (Q, K, V, O, LayerNorm)
+        unless ``ib_init='random'``. The head is new (random).
+
+        Raises:
+            ValueError: when the backbone does not have more layers than ``n_interaction_blocks``.
+        """
+        dims, state_dict, tokenizer = load_backbone(backbone)
+        config = MoresConfig(encoder=dims, backbone=str(backbone), **config_overrides)
+        model = cls(config, tokenizer)
+        model.load_bert_weights(state_dict)
+        return model.eval()
+
+    def load_bert_weights(self, hf_state_dict: dict[str, torch.Tensor]) -> None:
+        """Initialise every module except the head from one HF BERT state dict (see :meth:`from_backbone`)."""
+        load_bert_weights(self.document_module, hf_state_dict)
+        weights = convert_hf_bert_state_dict(hf_state_dict)
+        self.query_module.embeddings.load_state_dict(_sub_state(weights, "embeddings."))
+        n_query = self.config.n_query_layers
+        if not self.config.tied:
+            for index, layer in enumerate(self.query_module.layers):
+                layer.load_state_dict(_sub_state(weights, f"layers.{index}."))
+        for index, block in enumerate(self.interaction_module.blocks):
+            layer_weights = _sub_state(weights, f"layers.{n_query + index}.")
+            block.self_attention.load_state_dict(_sub_state(layer_weights, "attention."))
+            block.ffn.load_state_dict(_sub_state(layer_weights, "ffn."))
+            if self.config.ib_init == "copy":
+                block.cross_attention.load_state_dict(_sub_state(layer_weights, "attention."))
+            else:
+                block.cross_attention.apply(_init_bert_weights)
+
+    # ---- what the sidecar stores ------------------------------------------------------------------------------
+    @property
+    def store_width(self) -> int:
+        hidden = self.config.encoder.hidden_size
+        return hidden if self.config.reuse == "s1" else 2 * self.config.n_interaction_blocks * hidden
+
+    @property
+    def store_variant(self) -> str:
+        return "s1" if self.config.reuse == "s1" else f"s2-k{self.config.n_interaction_blocks}"
+
+    def store_parameters(self) -> Iterable[tuple[str, torch.Tensor]]:
+        """S1: the document module only. S2: plus every block's cross-attention key/value projections."""
+        parameters = dict(self.document_module.state_dict(prefix="document_module."))
+        if self.config.reuse == "s2":
+            for index, block in enumerate(self.interaction_module.blocks):
+                prefix = f"interaction_module.blocks.{index}.cross_attention."
+                parameters.update(block.cross_attention.key.state_dict(prefix=prefix + "key."))
+                parameters.update(block.cross_attention.value.state_dict(prefix=prefix + "value."))
+        return parameters.items()
+
+    def store_config(self) -> dict:
+        values = {**super().store_config(), "reuse": self.config.reuse}
+        if self.config.reuse == "s2":
+            values["n_interaction_blocks"] = self.config.n_interaction_blocks
+        return values
+
+    def set_reuse(self, reuse: str) -> None:
+        """Switch what :meth:`encode_documents` produces and :meth:`score` expects (``"s1"``/``"s2"``)."""
+        _check_choice("reuse", reuse, REUSES)
+        self.config.reuse = reuse
+
+    # ---- the three scoring entry points ---------------------------------------------------------------------
+    @torch.no_grad()
+    def encode_documents(self, doc_batch: dict) -> list[torch.Tensor]:
+        """Offline: one ``[len_i, store_width]`` matrix per document, real tokens only (incl. [CLS]/[SEP])."""
+        hidden = self._encode_document_batch(doc_batch)
+        if self.config.reuse == "s2":
+            projections = []
+            for block in self.interaction_module.blocks:
+                projections.extend(block.cross_attention.project_keys_values(hidden))
+            hidden = torch.cat(projections, dim=-1)  # [B, d, 2·K·n] = [K₁‖V₁‖…‖K_K‖V_K]
+        lengths = doc_batch["attention_mask"].sum(1).tolist()
+        return [hidden[i, :length] for i, length in enumerate(lengths)]
+
+    def encode_query(self, query_batch: dict) -> MoresQueryState:
+        """Online, once per query (batch 1): Q and the first block's cross-attention query projection."""
+        hidden = self._encode_query_batch(query_batch)
+        first = self.interaction_module.blocks[0].cross_attention
+        return MoresQueryState(
+            hidden=hidden,
+            mask=attention_mask_from_ids(query_batch["attention_mask"]),
+            first_block_queries=first.split_heads(first.query(hidden)),
+        )
+
+    def score(self, query_state: MoresQueryState, docs: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """``[B]`` fp32 scores of one query against stored documents ``docs [B, Lmax, store_width]`` (zero-padded,
+        any float dtype and device: moved to the query state's device and converted to the model's dtype, or to the
+        autocast dtype under autocast) with real lengths ``lengths [B]``. No loop over candidates: the batch-1 query
+        state is broadcast, and each projection is one batched GEMM."""
+        return ranking_scores(self.score_logits(query_state, docs, lengths)).float()
+
+    def score_logits(self, query_state: MoresQueryState, docs: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """``[B, num_labels]`` head logits behind :meth:`score`."""
+        if docs.shape[-1] != self.store_width:
+            raise ValueError(
+                f"stored documents are {docs.shape[-1]} wide but MORES reuse='{self.config.reuse}' with "
+                f"K={self.config.n_interaction_blocks} expects {self.store_width} (is the sidecar of another variant?)"
+            )
+        device = query_state.hidden.device
+        # one conversion of the stored rows (e.g. fp16) to the compute dtype; free when they already match
+        docs = docs.to(device=device, dtype=_compute_dtype(device, self.query_module.embeddings.norm.weight.dtype),
+                       non_blocking=True)
+        doc_mask = key_padding_mask(lengths.to(device), docs.shape[1])
+        if self.config.reuse == "s1":
+            keys_values = self._project_documents(docs)
+        else:
+            hidden = self.config.encoder.hidden_size
+
+            def keys_values(index: int):
+                start = 2 * index * hidden
+                return docs[..., start:start + hidden], docs[..., start + hidden:start + 2 * hidden]
+
+        return self._interact(query_state.hidden, query_state.mask, keys_values, doc_mask,
+                              query_state.first_block_queries)
+
+    # ---- training and text paths ----------------------------------------------------------------------------
+    def forward(self, query_batch: dict, doc_batch: dict) -> torch.Tensor:
+        """Training path: ``[B]`` ranking scores of aligned (query, document) pairs, both encoded in-graph."""
+        return ranking_scores(self.forward_logits(query_batch, doc_batch))
+
+    def forward_logits(self, query_batch: dict, doc_batch: dict) -> torch.Tensor:
+        """``[B, num_labels]`` head logits of aligned pairs (what :func:`.losses.pointwise_cross_entropy` takes)."""
+        query = self._encode_query_batch(query_batch)
+        docs = self._encode_document_batch(doc_batch)
+        return self._interact(query, attention_mask_from_ids(query_batch["attention_mask"]),
+                              self._project_documents(docs), attention_mask_from_ids(doc_batch["attention_mask"]))
+
+    @torch.no_grad()
+    def score_texts(self, query: str, documents: list[str], batch_size: int | None = None) -> torch.Tensor:
+        """``[len(documents)]`` scores from text when no sidecar exists: the query is encoded once; documents are
+        encoded in batches of ``batch_size`` (default :attr:`batch_size`) and scored the Reuse-S1 way (identical
+        scores)."""
+        batch_size = batch_size or self.batch_size
+        state = self.encode_query(self.tokenize_queries([query]))
+        scores = []
+        for start in range(0, len(documents), batch_size):
+            doc_batch = self.tokenize_documents(documents[start:start + batch_size])
+            doc_batch = {k: v.to(state.hidden.device) for k, v in doc_batch.items()}
+            docs = self._encode_document_batch(doc_batch)
+            logits = self._interact(state.hidden, state.mask, self._project_documents(docs),
+                                    attention_mask_from_ids(doc_batch["attention_mask"]), state.first_block_queries)
+            scores.append(ranking_scores(logits).float())
+        return torch.cat(scores) if scores else torch.empty(0)
+
+    # ---- separate module storage --------------------------------------------------------------------------
+    def save_modules(self, directory: str | os.PathLike) -> None:
+        """Write the three modules to separate subdirectories (layout in the module docstring)."""
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        config = {"model_type": self.model_type, "layout": "modules", **self.config.to_dict()}
+        (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        self.tokenizer.save_pretrained(str(directory))
+        for name in MODULE_NAMES:
+            (directory / name).mkdir(exist_ok=True)
+            tensors = {key: value.detach().contiguous() for key, value in self._module_state(name).items()}
+            metadata = {"format": "pt", "model_type": self.model_type, "module": name,
+                        "tied": json.dumps(self.config.tied)}
+            save_file(tensors, str(directory / name / WEIGHTS_NAME), metadata=metadata)
+
+    @classmethod
+    def from_modules(
+        cls,
+        directory: str | os.PathLike,
+        *,
+        document_module: str | os.PathLike | None = None,
+        query_module: str | os.PathLike | None = None,
+        interaction_module: str | os.PathLike | None = None,
+        **overrides,
+    ) -> "MoresModel":
+        """Assemble a model from a :meth:`save_modules` directory.
+
+        ``document_module`` / ``query_module`` / ``interaction_module`` name other module directories (each holding
+        a ``model.safetensors`` written by :meth:`save_modules`) to use instead of the ones in ``directory`` — e.g.
+        an interaction module fine-tuned separately (the paper's adapt-interaction) on top of the original
+        representation modules, whose S1 sidecar then stays valid. ``overrides`` replace config fields.
+        """
+        from safetensors import safe_open
+        from transformers import AutoTokenizer, PretrainedConfig
+
+        directory = Path(directory)
+        config_path = directory / CONFIG_NAME
+        if not config_path.is_file():
+            raise FileNotFoundError(f"{directory} is not a MORES module directory (no {CONFIG_NAME})")
+        values = json.loads(config_path.read_text())
+        if values.get("model_type") != cls.model_type:
+            raise ValueError(f"{directory} holds a '{values.get('model_type')}' model, not '{cls.model_type}'")
+        values.pop("layout", None)
+        config = cls.config_class.from_dict({**values, **overrides})
+        # an empty config keeps transformers from reading our config.json as its own (as base.from_pretrained does)
+        model = cls(config, AutoTokenizer.from_pretrained(str(directory), config=PretrainedConfig()))
+        sources = {"document_module": document_module, "query_module": query_module,
+                   "interaction_module": interaction_module}
+        for name in MODULE_NAMES:
+            path = Path(sources[name] or directory / name)
+            path = path / WEIGHTS_NAME if path.is_dir() else path
+            if not path.is_file():
+                raise FileNotFoundError(f"no {name} weights at {path}")
+            with safe_open(str(path), framework="pt") as handle:
+                stored = (handle.metadata() or {}).get("module")
+                if stored is not None and stored != name:
+                    raise ValueError(f"{path} holds a MORES {stored}, not a {name}")
+                tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+            model._load_module_state(name, tensors)
+        return model.eval()
+
+    @classmethod
+    def from_pretrained(cls, directory: str | os.PathLike, **overrides) -> "MoresModel":
+        """Load a :meth:`save_pretrained` checkpoint or a :meth:`save_modules` directory."""
+        directory = Path(directory)
+        if not (directory / WEIGHTS_NAME).is_file() and (directory / MODULE_NAMES[0]).is_dir():
+            return cls.from_modules(directory, **overrides)
+        return super().from_pretrained(directory, **overrides)
+
+    def _module_state(self, name: str) -> dict[str, torch.Tensor]:
+        if name == "query_module" and self.config.tied:
+            return self.query_module.embeddings.state_dict(prefix="embeddings.")  # layers live in the doc module
+        return getattr(self, name).state_dict()
+
+    def _load_module_state(self, name: str, tensors: dict[str, torch.Tensor]) -> None:
+        try:
+            if name == "query_module" and self.config.tied:
+                self.query_module.embeddings.load_state_dict(_sub_state(tensors, "embeddings.", strict=True))
+            else:
+                getattr(self, name).load_state_dict(tensors)
+        except (RuntimeError, ValueError) as error:
+            raise ValueError(f"the {name} weights do not fit this MORES config: {error}") from error
+
+    # ---- internals ----------------------------------------------------------------------------------------------
+    def _encode_document_batch(self, doc_batch: dict) -> torch.Tensor:
+        # [CLS] d [SEP], positions from 0, segment 0 (A6): token types are not taken from the batch on purpose.
+        return self.document_module(doc_batch["input_ids"], doc_batch["attention_mask"])
+
+    def _encode_query_batch(self, query_batch: dict) -> torch.Tensor:
+        return self.query_module(query_batch["input_ids"], query_batch["attention_mask"])
+
+    def _project_documents(self, docs: torch.Tensor):
+        """Reuse-S1 keys/values: block ``i``'s projections of ``D [B, d, n]``, computed when the block needs them."""
+        blocks = self.interaction_module.blocks
+        return lambda index: blocks[index].cross_attention.project_keys_values(docs)
+
+    def _interact(self, query: torch.Tensor, query_mask: torch.Tensor, keys_values, doc_mask: torch.Tensor,
+                  first_block_queries: torch.Tensor | None = None) -> torch.Tensor:
+        """Run the K blocks on ``query [1|B, q, n]`` against block-wise ``keys_values(i) → ([B, d, n], [B, d, n])``
+        and pool into ``[B, num_labels]`` logits."""
+        x = query
+        for index, block in enumerate(self.interaction_module.blocks):
+            keys, values = keys_values(index)
+            x = block(x, keys, values, doc_mask, query_mask, first_block_queries if index == 0 else None)
+        if self.config.pooling == "cls":
+            pooled = x[:, 0]
+        else:
+            weights = query_mask[:, 0, 0, :].to(x.dtype)  # [1|B, q]
+            pooled = (x * weights[..., None]).sum(1) / weights.sum(1, keepdim=True)
+        return self.interaction_module.head(pooled)
+
+
+def _compute_dtype(device: torch.device, parameter_dtype: torch.dtype) -> torch.dtype:
+    """The dtype stored documents should be in: the autocast dtype when autocast is on, else the weights'."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    return parameter_dtype
+
+
+def _sub_state(state: dict[str, torch.Tensor], prefix: str, strict: bool = False) -> dict[str, torch.Tensor]:
+    """The entries under ``prefix``, with the prefix removed (``strict``: no other entries allowed)."""
+    selected = {key[len(prefix):]: value for key, value in state.items() if key.startswith(prefix)}
+    if strict and len(selected) != len(state):
+        others = sorted(key for key in state if not key.startswith(prefix))
+        raise ValueError(f"unexpected tensors {others[:5]}")
+    return selected
+
+
+def _init_bert_weights(module: nn.Module) -> None:
+    """BERT's initialisation (normal(0, 0.02) weights, zero biases, unit LayerNorm) for new parameters."""
+    if isinstance(module, nn.Linear):
+        nn.init.normal_(module.weight, std=INITIALIZER_RANGE)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, std=INITIALIZER_RANGE)
+        if module.padding_idx is not None:
+            with torch.no_grad():
+                module.weight[module.padding_idx].zero_()
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+
+
+__all__ = ["MoresConfig", "MoresModel", "MoresQueryState", "InteractionBlock", "InteractionModule",
+           "QueryRepresentationModule"]

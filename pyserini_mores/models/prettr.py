@@ -1,0 +1,461 @@
+"""PreTTR (MacAvaney et al., SIGIR 2020): a BERT cross-encoder whose first ``join_layer`` layers see the query and
+the document separately, so the document's layer-l token states (optionally compressed) can be stored offline.
+
+Joint layout (SPEC §3, §7, resolution P1). With ``Qb = config.query_max_length`` (the query *block* length, [CLS]
+and [SEP] included, exactly what :meth:`PreTTRModel.tokenize_queries` pads to)::
+
+    position  0      1 .. k     k+1    k+2 .. Qb-1    Qb  Qb+1 ...  Qb+m-1    (Qb+m .. : document padding)
+    token     [CLS]  q_1..q_k   [SEP]  [PAD] ...      d_1 d_2  ...  [SEP]
+    segment   0      0          0      0              1   1    ...  1
+    mask      1      1          1      0              1   1    ...  1
+
+Document tokens therefore always sit at positions ``Qb + j`` with segment id 1, whatever the query's real length,
+so stored states are query-independent and identical to what training saw. (In SPEC §7 notation, with ``Q = Qb - 2``
+query-token slots, the document starts at position ``Q + 2 = Qb``.) The document side is ``d [SEP]`` without [CLS],
+at most ``config.doc_max_length`` tokens, the trailing [SEP] included.
+
+Layers ``1..l`` run on the query block and the document separately (exactly the block-diagonal join mask of the
+paper; :meth:`PreTTRModel.joint_forward_masked` is that reference), layers ``l+1..L-1`` run on the joined sequence,
+and layer ``L`` computes only the [CLS] row. The head is ``Linear(n, 2)`` on the final [CLS] with
+``score = logit_1 - logit_0`` (the convention of our cross-encoder baseline; a 2-class cross-entropy on
+``[logit_0, logit_1]`` depends only on that difference, so pointwise and pairwise losses both work on the score).
+
+The optional compressor (SPEC §3.2, P3) sits on the layer-l output: ``r = GELU(s_l W_c + b_c)`` is stored,
+``ŝ_l = LayerNorm(r W_d + b_d)`` feeds layer ``l+1``. Query states go through compress→decompress too.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._layers import BertDims, BertEncoder, TransformerLayer, key_padding_mask, load_bert_weights
+from .backbones import DEFAULT_BACKBONE, load_backbone
+from .base import RankingConfig, RankingModel
+
+DOC_SEGMENT_ID = 1
+QUERY_SEGMENT_ID = 0
+
+
+@dataclass
+class PreTTRConfig(RankingConfig):
+    """PreTTR hyperparameters (the inherited fields keep their meaning, made precise for PreTTR).
+
+    Attributes:
+        join_layer: ``l``. Layers ``1..l`` encode query and document separately; ``l+1..L`` jointly.
+            ``0 <= l < L``. ``None`` means ``L - 1`` (the paper's fastest setting: one CLS-only joint layer).
+            ``l = 0`` is a plain cross-encoder; ``l = L`` is rejected (no document signal would reach [CLS]).
+        compression_dim: ``e``, width of the stored compressed states (e.g. 384/256/128 for BERT-base), or
+            ``None`` for no compressor (store the ``n``-wide layer-l states).
+        simulate_fp16_storage: round the compressed states to float16 in every path ([code]'s ``compress_fp16``),
+            so training sees the precision the sidecar stores.
+        classifier_dropout: dropout on the final [CLS] before the head (P4; active in training only).
+        query_max_length: ``Qb``, the fixed length of the query block ``[CLS] q [SEP] <pad>``, specials included.
+            Documents start at position ``Qb`` (P1). Changing it invalidates stored documents.
+        doc_max_length: most document tokens stored per document, the trailing [SEP] included (no [CLS]).
+    """
+
+    join_layer: int | None = None
+    compression_dim: int | None = None
+    simulate_fp16_storage: bool = False
+    classifier_dropout: float = 0.1
+
+    def __post_init__(self):
+        if self.encoder is not None:
+            if self.join_layer is None:
+                self.join_layer = self.encoder.num_hidden_layers - 1
+            validate_config(self)
+
+
+def validate_config(config: PreTTRConfig) -> None:
+    """Raise ``ValueError`` for settings that cannot work (messages say which and why)."""
+    layers = config.encoder.num_hidden_layers
+    join = config.join_layer
+    if join == layers:
+        raise ValueError(
+            f"join_layer={join} equals the number of layers ({layers}): no layer would see query and document "
+            f"together, so every document would get the same score; use 0 <= join_layer < {layers} "
+            f"({layers - 1} is the fastest setting)"
+        )
+    if not 0 <= join < layers:
+        raise ValueError(f"join_layer must satisfy 0 <= join_layer < {layers} (the number of layers), got {join}")
+    if config.compression_dim is not None and config.compression_dim <= 0:
+        raise ValueError(f"compression_dim must be a positive width or None, got {config.compression_dim}")
+    if config.query_max_length < 2:
+        raise ValueError(f"query_max_length counts [CLS] and [SEP], so it must be >= 2, got {config.query_max_length}")
+    if config.query_max_length + config.doc_max_length > config.encoder.max_position_embeddings:
+        raise ValueError(
+            f"query_max_length + doc_max_length = {config.query_max_length + config.doc_max_length} exceeds the "
+            f"encoder's {config.encoder.max_position_embeddings} positions"
+        )
+
+
+class PreTTRQueryState(NamedTuple):
+    """Layer-l states of the query block (compress→decompress applied when the model compresses)."""
+
+    states: torch.Tensor  # [Bq, Qb, n], Bq = 1 for one query (broadcast over candidates)
+    mask: torch.Tensor  # [Bq, Qb] bool, True on real tokens
+
+
+class Compressor(nn.Module):
+    """``compress``: ``GELU(Linear(n→e))`` (what the sidecar stores); ``decompress``: ``LayerNorm(Linear(e→n))``."""
+
+    def __init__(self, hidden_size: int, compression_dim: int, layer_norm_eps: float, simulate_fp16: bool = False):
+        super().__init__()
+        self.compress = nn.Linear(hidden_size, compression_dim)
+        self.decompress = nn.Linear(compression_dim, hidden_size)
+        self.norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
+        self.simulate_fp16 = simulate_fp16
+
+    def encode(self, states: torch.Tensor) -> torch.Tensor:
+        """``[..., n]`` → ``[..., e]``."""
+        compressed = F.gelu(self.compress(states))
+        if self.simulate_fp16:
+            compressed = compressed.to(torch.float16).to(compressed.dtype)  # gradient passes straight through
+        return compressed
+
+    def decode(self, compressed: torch.Tensor) -> torch.Tensor:
+        """``[..., e]`` → ``[..., n]``."""
+        return self.norm(self.decompress(compressed))
+
+    def forward(self, states: torch.Tensor) -> torch.Tensor:
+        return self.decode(self.encode(states))
+
+
+class PreTTRModel(RankingModel):
+    """PreTTR on a BERT-family encoder. See the module docstring for the layout and what is stored.
+
+    Example:
+        >>> model = PreTTRModel.from_backbone("minilm", join_layer=5, compression_dim=128)  # doctest: +SKIP
+        >>> docs = model.encode_documents(model.tokenize_documents(["apt installs packages."]))  # offline
+        >>> state = model.encode_query(model.tokenize_queries(["debian package manager"]))  # once per query
+        >>> model.score(state, *pad_documents(docs))  # [1]
+    """
+
+    model_type = "prettr"
+    config_class = PreTTRConfig
+
+    def __init__(self, config: PreTTRConfig, tokenizer):
+        if config.join_layer is None:
+            config.join_layer = config.encoder.num_hidden_layers - 1
+        validate_config(config)
+        super().__init__(config, tokenizer)
+        dims = config.encoder
+        self.encoder = BertEncoder(dims)
+        self.compressor = (
+            Compressor(dims.hidden_size, config.compression_dim, dims.layer_norm_eps, config.simulate_fp16_storage)
+            if config.compression_dim else None
+        )
+        self.dropout = nn.Dropout(config.classifier_dropout)
+        self.classifier = nn.Linear(dims.hidden_size, 2)
+        nn.init.normal_(self.classifier.weight, std=0.02)
+        nn.init.zeros_(self.classifier.bias)
+
+    @classmethod
+    def from_backbone(cls, backbone: str = DEFAULT_BACKBONE, **config_overrides) -> "PreTTRModel":
+        """BERT weights from ``backbone``; head and compressor are randomly initialised."""
+        dims, state_dict, tokenizer = load_backbone(backbone)
+        config = PreTTRConfig(encoder=dims, backbone=str(backbone), **config_overrides)
+        model = cls(config, tokenizer)
+        load_bert_weights(model.encoder, state_dict)
+        return model.eval()
+
+    # ---- shape of the model -------------------------------------------------------------------------------------
+    @property
+    def join_layer(self) -> int:
+        return self.config.join_layer
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.encoder.num_hidden_layers
+
+    @property
+    def query_block_length(self) -> int:
+        """``Qb``: the fixed query block length, and the position of the first document token."""
+        return self.config.query_max_length
+
+    # ---- what the sidecar stores --------------------------------------------------------------------------------
+    @property
+    def store_width(self) -> int:
+        return self.config.compression_dim or self.config.encoder.hidden_size
+
+    @property
+    def store_variant(self) -> str:
+        return f"l{self.join_layer}-e{self.config.compression_dim or 'none'}"
+
+    def store_parameters(self) -> Iterable[tuple[str, torch.Tensor]]:
+        """Embeddings, layers ``1..l`` and the compressing half of the compressor."""
+        prefixes = ("encoder.embeddings.", "compressor.compress.") + tuple(
+            f"encoder.layers.{index}." for index in range(self.join_layer)
+        )
+        return [(name, tensor) for name, tensor in self.state_dict().items() if name.startswith(prefixes)]
+
+    def store_config(self) -> dict:
+        return {
+            **super().store_config(),
+            "join_layer": self.join_layer,
+            "compression_dim": self.config.compression_dim,
+            "simulate_fp16_storage": self.config.simulate_fp16_storage,
+            "doc_position_offset": self.query_block_length,
+            "doc_segment_id": DOC_SEGMENT_ID,
+            "doc_special_tokens": "trailing [SEP] only",
+        }
+
+    # ---- tokenization -------------------------------------------------------------------------------------------
+    def tokenize_queries(self, texts: list[str]) -> dict:
+        """``[CLS] q [SEP]`` padded to exactly ``query_max_length``: ``input_ids``/``attention_mask`` ``[B, Qb]``."""
+        batch = self.tokenizer(list(texts), max_length=self.query_block_length, truncation=True,
+                               padding="max_length", return_tensors="pt")
+        return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+
+    def tokenize_documents(self, texts: list[str]) -> dict:
+        """``d [SEP]`` (no [CLS]), at most ``doc_max_length`` tokens, right-padded: ``[B, Ld]`` tensors."""
+        batch = self.tokenizer(list(texts), max_length=self.config.doc_max_length + 1, truncation=True,
+                               padding=True, return_tensors="pt")
+        input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
+        if not bool((input_ids[:, 0] == self.tokenizer.cls_token_id).all()):
+            raise ValueError("the tokenizer did not put [CLS] first; PreTTR needs a BERT-style tokenizer")
+        return {"input_ids": input_ids[:, 1:].contiguous(), "attention_mask": attention_mask[:, 1:].contiguous()}
+
+    def _query_inputs(self, query_batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """``input_ids``, boolean mask ``[B, Qb]``; shorter batches are right-padded to ``Qb``."""
+        input_ids, mask = query_batch["input_ids"], query_batch["attention_mask"].bool()
+        block = self.query_block_length
+        if input_ids.shape[1] > block:
+            raise ValueError(f"query batch is {input_ids.shape[1]} tokens wide, more than query_max_length={block}; "
+                             "tokenize with model.tokenize_queries")
+        if bool((input_ids[:, 0] != self.tokenizer.cls_token_id).any()):
+            raise ValueError("queries must be '[CLS] q [SEP]'; tokenize with model.tokenize_queries")
+        if input_ids.shape[1] < block:
+            missing = block - input_ids.shape[1]
+            input_ids = F.pad(input_ids, (0, missing), value=self.config.encoder.pad_token_id)
+            mask = F.pad(mask, (0, missing), value=False)
+        return input_ids, mask
+
+    def _doc_inputs(self, doc_batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        input_ids, mask = doc_batch["input_ids"], doc_batch["attention_mask"].bool()
+        if bool((input_ids[:, 0] == self.tokenizer.cls_token_id).any()):
+            raise ValueError("PreTTR documents are 'd [SEP]' without [CLS]; tokenize with model.tokenize_documents")
+        if self.query_block_length + input_ids.shape[1] > self.config.encoder.max_position_embeddings:
+            raise ValueError(f"documents of {input_ids.shape[1]} tokens do not fit after a query block of "
+                             f"{self.query_block_length} in {self.config.encoder.max_position_embeddings} positions")
+        return input_ids, mask
+
+    # ---- layers 1..l, separately ----------------------------------------------------------------------------------
+    def _embed(self, input_ids: torch.Tensor, segment: int, first_position: int) -> torch.Tensor:
+        positions = first_position + torch.arange(input_ids.shape[1], device=input_ids.device)[None, :]
+        segments = torch.full_like(input_ids, segment)
+        return self.encoder.embeddings(input_ids, segments, positions)
+
+    def _lower_layers(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.encoder.run_layers(x, mask[:, None, None, :], 0, self.join_layer)
+
+    def _query_layer_l(self, query_batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Uncompressed layer-l states of the query block ``[B, Qb, n]`` and its mask ``[B, Qb]``."""
+        input_ids, mask = self._query_inputs(query_batch)
+        return self._lower_layers(self._embed(input_ids, QUERY_SEGMENT_ID, 0), mask), mask
+
+    def _doc_layer_l(self, doc_batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Uncompressed layer-l states of ``d [SEP]`` ``[B, Ld, n]`` (positions from ``Qb``) and mask ``[B, Ld]``."""
+        input_ids, mask = self._doc_inputs(doc_batch)
+        x = self._embed(input_ids, DOC_SEGMENT_ID, self.query_block_length)
+        return self._lower_layers(x, mask), mask
+
+    def _roundtrip(self, states: torch.Tensor) -> torch.Tensor:
+        return states if self.compressor is None else self.compressor(states)
+
+    # ---- layers l+1..L on the joined sequence ---------------------------------------------------------------------
+    def _joint_score(self, query_states: torch.Tensor, query_mask: torch.Tensor, doc_states: torch.Tensor,
+                     doc_mask: torch.Tensor) -> torch.Tensor:
+        """``[B]`` scores from layer-l (decompressed) states: query ``[1|B, Qb, n]``, documents ``[B, Ld, n]``."""
+        batch = doc_states.shape[0]
+        doc_states = doc_states.to(query_states.dtype)
+        if query_states.shape[0] not in (1, batch):
+            raise ValueError(f"a query state of batch {query_states.shape[0]} cannot score {batch} documents")
+        if self.join_layer == self.num_layers - 1:
+            # The last layer is the first joint one: the query block stays batch-1 (never copied per candidate).
+            blocks = [(query_states, query_mask), (doc_states, doc_mask)]
+            cls = query_states[:, 0]
+        else:
+            x = torch.cat([query_states.expand(batch, -1, -1), doc_states], 1)
+            mask = torch.cat([query_mask.expand(batch, -1), doc_mask], 1)
+            x = self.encoder.run_layers(x, mask[:, None, None, :], self.join_layer, self.num_layers - 1)
+            blocks, cls = [(x, mask)], x[:, 0]
+        cls = cls_only_layer(self.encoder.layers[-1], cls, blocks)
+        return self._head(cls)
+
+    def _head(self, cls: torch.Tensor) -> torch.Tensor:
+        logits = self.classifier(self.dropout(cls))
+        return (logits[:, 1] - logits[:, 0]).float()
+
+    # ---- the contract -----------------------------------------------------------------------------------------------
+    def encode_documents(self, doc_batch: dict) -> list[torch.Tensor]:
+        """Offline: per document ``[len_i, store_width]``: layer-l states of ``d [SEP]``, compressed if configured."""
+        states, mask = self._doc_layer_l(doc_batch)
+        if self.compressor is not None:
+            states = self.compressor.encode(states)
+        return [states[i, :length] for i, length in enumerate(mask.sum(1).tolist())]
+
+    def encode_query(self, query_batch: dict) -> PreTTRQueryState:
+        """Online, once per query: layer-l states of the padded query block (batch 1 to broadcast in :meth:`score`)."""
+        states, mask = self._query_layer_l(query_batch)
+        return PreTTRQueryState(self._roundtrip(states), mask)
+
+    def decompress_documents(self, docs: torch.Tensor) -> torch.Tensor:
+        """Stored ``[B, Lmax, store_width]`` → the ``[B, Lmax, n]`` layer-l states layer ``l+1`` consumes."""
+        weight = self.classifier.weight
+        docs = docs.to(device=weight.device, dtype=weight.dtype)
+        return docs if self.compressor is None else self.compressor.decode(docs)
+
+    def score(self, query_state: PreTTRQueryState, docs: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """``[B]`` scores of one query against stored documents ``docs [B, Lmax, store_width]`` (zero-padded)."""
+        doc_mask = key_padding_mask(lengths.to(docs.device), docs.shape[1])[:, 0, 0]
+        doc_states = self.decompress_documents(docs)
+        return self._joint_score(query_state.states, query_state.mask, doc_states, doc_mask.to(doc_states.device))
+
+    def forward(self, query_batch: dict, doc_batch: dict) -> torch.Tensor:
+        """Training: ``[B]`` scores of aligned pairs (a batch-1 query is broadcast), identical to
+        ``score(encode_query(q), pad_documents(encode_documents(d)))``."""
+        query_states, query_mask = self._query_layer_l(query_batch)
+        doc_states, doc_mask = self._doc_layer_l(doc_batch)
+        return self._joint_score(self._roundtrip(query_states), query_mask, self._roundtrip(doc_states), doc_mask)
+
+    # ---- the reference path -------------------------------------------------------------------------------------
+    def joined_inputs(self, query_batch: dict, doc_batch: dict) -> dict:
+        """The joint layout as one sequence: ``input_ids``, ``attention_mask``, ``token_type_ids``,
+        ``position_ids`` ``[B, Qb + Ld]`` (positions are simply ``0..Qb+Ld-1``)."""
+        query_ids, query_mask = self._query_inputs(query_batch)
+        doc_ids, doc_mask = self._doc_inputs(doc_batch)
+        query_ids, query_mask = query_ids.expand(doc_ids.shape[0], -1), query_mask.expand(doc_ids.shape[0], -1)
+        input_ids = torch.cat([query_ids, doc_ids], 1)
+        return {
+            "input_ids": input_ids,
+            "attention_mask": torch.cat([query_mask, doc_mask], 1).long(),
+            "token_type_ids": torch.cat([torch.full_like(query_ids, QUERY_SEGMENT_ID),
+                                         torch.full_like(doc_ids, DOC_SEGMENT_ID)], 1),
+            "position_ids": torch.arange(input_ids.shape[1], device=input_ids.device)[None, :].expand_as(input_ids),
+        }
+
+    def joint_forward_masked(self, query_batch: dict, doc_batch: dict) -> torch.Tensor:
+        """Reference: the plain cross-encoder on the joined sequence with the paper's block-diagonal mask on layers
+        ``1..l``, the compressor on every token of the layer-l output, and full (all-row) layers ``l+1..L``."""
+        x, mask = self._joint_layer_l(self.joined_inputs(query_batch, doc_batch))
+        x = self.encoder.run_layers(self._roundtrip(x), mask[:, None, None, :], self.join_layer, None)
+        return self._head(x[:, 0])
+
+    def _joint_layer_l(self, joined: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer-l states of the joined sequence under the block-diagonal mask, and the key mask ``[B, T]``."""
+        mask = joined["attention_mask"].bool()
+        segments = joined["token_type_ids"]
+        x = self.encoder.embeddings(joined["input_ids"], segments, joined["position_ids"])
+        same_segment = segments[:, :, None] == segments[:, None, :]  # [B, T, T]
+        block_mask = (same_segment & mask[:, None, :])[:, None]  # [B, 1, T, T]
+        return self.encoder.run_layers(x, block_mask, 0, self.join_layer), mask
+
+    # ---- compressor pre-training (SPEC §3.2 stage 1, P5) -------------------------------------------------------------
+    def compressor_parameters(self) -> list[nn.Parameter]:
+        if self.compressor is None:
+            raise ValueError("this PreTTR model has no compressor (compression_dim=None)")
+        return list(self.compressor.parameters())
+
+    def freeze_all_but_compressor(self) -> list[nn.Parameter]:
+        """``requires_grad=False`` on every weight except the compressor's; returns the compressor's parameters."""
+        trainable = self.compressor_parameters()
+        keep = {id(parameter) for parameter in trainable}
+        for parameter in self.parameters():
+            parameter.requires_grad_(id(parameter) in keep)
+        return trainable
+
+    def attention_mse_loss(self, query_batch: dict, doc_batch: dict) -> torch.Tensor:
+        """Mean over layers ``l+1..L`` of the MSE between post-softmax attention probabilities computed with and
+        without the compressor (teacher: this model without the compressor, no gradient; P5).
+
+        Averaged over heads and over the (row, column) pairs of real tokens of each joined sequence; padding never
+        counts. Runs with dropout off (the teacher must be deterministic and the student must be the same network);
+        the module's train/eval mode is restored afterwards.
+        """
+        if self.compressor is None:
+            raise ValueError("attention_mse_loss needs a compressor (compression_dim=None)")
+        was_training = self.training
+        self.eval()
+        try:
+            query_states, query_mask = self._query_layer_l(query_batch)
+            doc_states, doc_mask = self._doc_layer_l(doc_batch)
+            batch = doc_states.shape[0]
+            mask = torch.cat([query_mask.expand(batch, -1), doc_mask], 1)
+            with torch.no_grad():
+                teacher_input = torch.cat([query_states.expand(batch, -1, -1), doc_states], 1)
+                teacher = self._upper_attention(teacher_input, mask)
+            student_input = torch.cat(
+                [self.compressor(query_states).expand(batch, -1, -1), self.compressor(doc_states)], 1)
+            student = self._upper_attention(student_input, mask)
+        finally:
+            self.train(was_training)
+        pairs = (mask[:, :, None] & mask[:, None, :])[:, None]  # [B, 1, T, T]
+        denominator = pairs.sum() * self.config.encoder.num_attention_heads
+        losses = [((s - t).square() * pairs).sum() / denominator for s, t in zip(student, teacher)]
+        return torch.stack(losses).mean()
+
+    def _upper_attention(self, x: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
+        """Post-softmax attention ``[B, h, T, T]`` of every layer ``l+1..L`` (all rows)."""
+        key_mask = mask[:, None, None, :]
+        probabilities = []
+        for layer in self.encoder.layers[self.join_layer:]:
+            keys, values = layer.attention.project_keys_values(x)
+            probabilities.append(layer.attention.attention_probs(x, keys, key_mask))
+            x = layer.ffn(layer.attention.attend(x, keys, values, key_mask))
+        return probabilities
+
+
+def cls_only_layer(layer: TransformerLayer, cls: torch.Tensor,
+                   blocks: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """The [CLS] row of ``layer`` applied to the concatenation of ``blocks`` (the paper's last-layer trick).
+
+    Args:
+        layer: the last encoder layer.
+        cls: ``[1|B, n]`` the [CLS] input state (batch 1 when it is shared by every candidate).
+        blocks: ``(states [1|B, T_i, n], mask [1|B, T_i] bool)`` whose concatenation along tokens is the sequence.
+
+    Returns:
+        ``[B, n]``, equal to ``layer(cat(states), mask)[:, 0]``.
+
+    The keys and values of the sequence are never projected. Per head ``h``, ``q_h·(W_k,h s + b_k,h)`` equals
+    ``(W_k,hᵀ q_h)·s`` plus a term constant over keys (dropped: softmax ignores it), and
+    ``Σ_j p_j (W_v,h s_j + b_v,h) = W_v,h (Σ_j p_j s_j) + b_v,h Σ_j p_j``. So the per-token cost is ``2·h·n`` instead
+    of ``2·n²``, and a batch-1 block (the query) is processed once for all candidates.
+    """
+    attention = layer.attention
+    heads, head_dim = attention.num_heads, attention.head_dim
+    hidden = cls.shape[-1]
+    batch = max([cls.shape[0]] + [states.shape[0] for states, _ in blocks])
+    queries = attention.query(cls).view(-1, heads, head_dim) / math.sqrt(head_dim)  # [Bc, h, dh]
+    key_weight = attention.key.weight.view(heads, head_dim, hidden)
+    folded = torch.einsum("bhd,hdn->bhn", queries, key_weight.to(queries.dtype))  # [Bc, h, n]
+
+    logits = []
+    for states, mask in blocks:
+        if folded.shape[0] == 1:
+            block_logits = torch.matmul(states, folded[0].transpose(0, 1))  # one GEMM: [Bs, T_i, h]
+        else:
+            block_logits = torch.matmul(states, folded.transpose(1, 2))  # [B, T_i, h] (states may broadcast)
+        block_logits = block_logits.masked_fill(~mask[:, :, None], torch.finfo(block_logits.dtype).min)
+        logits.append(block_logits.expand(batch, -1, -1))
+    probabilities = torch.cat(logits, 1).softmax(1)  # [B, T, h]
+    probabilities = F.dropout(probabilities, attention.attention_dropout, attention.training)
+
+    pooled, start = 0, 0  # pooled: [B, h, n], the attention-weighted sum of the (unprojected) states
+    for states, _ in blocks:
+        block_probabilities = probabilities[:, start:start + states.shape[1]].transpose(1, 2)  # [B, h, T_i]
+        start += states.shape[1]
+        states = states[0] if states.shape[0] == 1 else states
+        pooled = pooled + torch.matmul(block_probabilities, states.to(block_probabilities.dtype))
+    value_weight = attention.value.weight.view(heads, head_dim, hidden)
+    context = torch.einsum("bhn,hdn->bhd", pooled, value_weight.to(pooled.dtype))
+    context = context + attention.value.bias.view(heads, head_dim) * probabilities.sum(1)[:, :, None]
+    context = context.reshape(batch, heads * head_dim)
+    attended = attention.norm(cls + attention.dropout(attention.output(context)))
+    return layer.ffn(attended)

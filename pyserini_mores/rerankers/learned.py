@@ -1,0 +1,141 @@
+"""The glue between a learned model and candidates: fetch stored document representations (or encode text),
+score them against a once-encoded query in large batches, and hand the scores back."""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..models import RankingModel, load_model, pad_documents
+from ..types import Query, Text
+from .base import Reranker
+
+logger = logging.getLogger(__name__)
+
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
+DEFAULT_MODEL = "minilm"
+
+
+class ModelReranker(Reranker):
+    """Reranks with a :class:`~pyserini_mores.models.RankingModel`.
+
+    With a sidecar, candidates are read from it by their row (``metadata['lucene_docid']``) or docid; without one,
+    documents are encoded from their text — the same math, so both paths give the same scores.
+
+    Args:
+        model: the model (put in eval mode).
+        sidecar: an open :class:`~pyserini_mores.sidecar.SidecarReader` or ``None``.
+        batch_size: candidates scored per batch.
+        precision: ``fp32`` or ``bf16`` (autocast on CPU: ~10x faster matmuls on AMX/AVX-512 machines).
+    """
+
+    def __init__(self, model: RankingModel, sidecar=None, *, name: str | None = None, batch_size: int = 250,
+                 precision: str = "fp32"):
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not '{precision}'")
+        if sidecar is not None and model.store_width is None:
+            raise ValueError(f"model '{model.model_type}' scores text; it cannot read a sidecar")
+        self.model = model.eval()
+        self.sidecar = sidecar
+        self.name = name or model.model_type
+        self.batch_size = batch_size
+        self.precision = precision
+
+    @property
+    def needs_text(self) -> bool:
+        return self.sidecar is None
+
+    def _autocast(self):
+        dtype = PRECISIONS[self.precision]
+        return torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+    def rescore(self, query: Query, texts: list[Text]) -> list[Text]:
+        if not texts:
+            return texts
+        with torch.inference_mode(), self._autocast():
+            scores = self._scores(query.text, texts)
+        for text, score in zip(texts, scores.tolist()):
+            text.score = float(score)
+        return texts
+
+    def _scores(self, query: str, texts: list[Text]) -> torch.Tensor:
+        model = self.model
+        if model.store_width is None:
+            documents = [_require_text(text, self.name) for text in texts]
+            return torch.cat([model.score_texts(query, documents[i:i + self.batch_size]).float()
+                              for i in range(0, len(documents), self.batch_size)])
+        query_state = model.encode_query(model.tokenize_queries([query]))
+        if self.sidecar is None:
+            return self._score_from_text(query_state, texts)
+        rows = self._sidecar_rows(texts)
+        scores = torch.empty(len(texts))
+        # Group candidates of similar length so batches carry little padding.
+        order = np.argsort(self.sidecar.lengths(rows), kind="stable")
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start:start + self.batch_size]
+            docs, lengths = self.sidecar.get_batch(rows[chunk])
+            scores[torch.from_numpy(chunk)] = model.score(query_state, docs, lengths).float()
+        return scores
+
+    def _score_from_text(self, query_state: Any, texts: list[Text]) -> torch.Tensor:
+        model = self.model
+        documents = [_require_text(text, self.name) for text in texts]
+        scores = []
+        for start in range(0, len(documents), self.batch_size):
+            doc_reps = model.encode_documents(model.tokenize_documents(documents[start:start + self.batch_size]))
+            docs, lengths = pad_documents([rep.float() for rep in doc_reps])
+            scores.append(model.score(query_state, docs, lengths).float())
+        return torch.cat(scores)
+
+    def _sidecar_rows(self, texts: list[Text]) -> np.ndarray:
+        rows = np.array([int(text.metadata.get("lucene_docid", -1)) for text in texts], dtype=np.int64)
+        unknown = rows < 0
+        if unknown.any():
+            rows[unknown] = self.sidecar.rows_for_docids([texts[i].metadata.get("docid") for i in np.flatnonzero(unknown)])
+        missing = np.flatnonzero(rows < 0)
+        if len(missing):
+            docids = ", ".join(str(texts[i].metadata.get("docid")) for i in missing[:5])
+            raise KeyError(f"{len(missing)} candidate(s) are not in the sidecar (e.g. {docids})")
+        if rows.max() >= self.sidecar.num_docs:
+            raise IndexError(f"candidate row {rows.max()} is beyond the sidecar's {self.sidecar.num_docs} documents")
+        return rows
+
+    def close(self) -> None:
+        if self.sidecar is not None:
+            self.sidecar.close()
+
+
+def _require_text(text: Text, name: str) -> str:
+    if text.text is None:
+        raise ValueError(f"reranker '{name}' has no sidecar, so it needs the text of document {text.id}")
+    return text.text
+
+
+def learned_reranker_factory(model_type: str, default_model: str = DEFAULT_MODEL):
+    """A registry factory for ``model_type``: ``model`` (checkpoint dir, backbone name or instance), ``sidecar``
+    (path, open reader or None), ``expect_index`` (the identity the sidecar must match), ``batch_size``,
+    ``precision``; any other keyword overrides the model config (e.g. ``reuse='s1'``)."""
+
+    def factory(model: str | os.PathLike | RankingModel | None = None, sidecar=None, *, expect_index: dict | None = None,
+                batch_size: int = 250, precision: str = "fp32", **model_overrides) -> ModelReranker:
+        if isinstance(model, RankingModel):
+            if model_overrides:
+                raise TypeError("config overrides need a model name or path, not a model instance")
+            instance = model
+        else:
+            instance = load_model(model_type, model or default_model, **model_overrides)
+        reader = sidecar
+        if isinstance(sidecar, (str, Path)):
+            from ..sidecar import open_sidecar
+
+            reader = open_sidecar(sidecar, expect_model_fingerprint=instance.store_fingerprint(),
+                                  expect_index=expect_index)
+        return ModelReranker(instance, reader, name=model_type, batch_size=batch_size, precision=precision)
+
+    factory.model_type = model_type
+    return factory

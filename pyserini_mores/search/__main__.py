@@ -1,0 +1,204 @@
+"""python -m pyserini_mores.search — BM25 with Pyserini, then a learned reranker; writes a TREC/MS MARCO run.
+
+With no arguments it runs the embedded default: an offline slice of debian-packages shipped with the package.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import sys
+import time
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+
+def define_search_args(parser: argparse.ArgumentParser) -> None:
+    from .._cli import define_model_args
+
+    parser.add_argument("--index", help="Lucene index directory or Pyserini prebuilt index name "
+                                          "(default: the embedded sample)")
+    parser.add_argument("--topics", help="topics: a `qid<TAB>text` TSV file or a Pyserini topics name")
+    parser.add_argument("--output", help="run file to write (default: printed summary only for the sample)")
+    parser.add_argument("--output-format", choices=["trec", "msmarco"], default="trec")
+    parser.add_argument("--hits", type=int, default=1000, help="hits per query in the run")
+    parser.add_argument("--bm25", action="store_true", help="BM25 first stage (the only one; accepted for Pyserini "
+                                                            "compatibility)")
+    parser.add_argument("--k1", type=float, default=None, help="BM25 k1 (default: Pyserini's for the index)")
+    parser.add_argument("--b", type=float, default=None, help="BM25 b (default: Pyserini's for the index)")
+    parser.add_argument("--batch-size", type=int, default=16, help="queries per BM25 batch")
+    parser.add_argument("--threads", type=int, default=1, help="BM25 threads")
+    define_model_args(parser, default_reranker=None)
+    parser.add_argument("--sidecar", default=None, help="sidecar directory (default: beside the index)")
+    parser.add_argument("--rerank-depth", type=int, default=1000, help="BM25 hits reranked per query")
+    parser.add_argument("--rerank-batch-size", type=int, default=250, help="candidates scored per model batch")
+    parser.add_argument("--qrels", help="qrels file or Pyserini qrels name: print BM25 and reranked metrics")
+    parser.add_argument("--max-queries", type=int, default=None, help="only the first N topics")
+    parser.add_argument("--examples", type=int, default=None, help="queries to show with their top results")
+    parser.add_argument("-v", "--verbose", action="store_true")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pyserini_mores.search", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    define_search_args(parser)
+    args = parser.parse_args(argv)
+    from .._cli import setup_logging
+
+    setup_logging(args.verbose)
+    try:
+        return run_search(args)
+    except (FileNotFoundError, ValueError, KeyError) as error:
+        message = error.args[0] if isinstance(error, KeyError) and error.args else error
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+
+
+def run_search(args: argparse.Namespace) -> int:
+    from .._cli import parse_model_args
+    from ..formats import write_run
+    from .embedded import DEFAULT_MODEL, DEFAULT_MODEL_ARGS, DEFAULT_RERANKER, ensure_sample_sidecar, prepare_sample
+    from .searcher import RerankingSearcher
+
+    embedded = args.index is None
+    if embedded != (args.topics is None):
+        raise ValueError("--index and --topics go together (give neither to run the embedded sample)")
+    overrides = parse_model_args(args.model_arg)
+    reranker_name = args.reranker or (DEFAULT_RERANKER if embedded else "bm25")
+    model = args.model
+    if embedded:
+        sample = prepare_sample()
+        index, topics_arg, qrels_arg = sample.index, str(sample.topics), args.qrels or str(sample.qrels)
+        if args.reranker is None:
+            model, overrides = model or DEFAULT_MODEL, {**DEFAULT_MODEL_ARGS, **overrides}
+        print(f"Embedded sample: {sample.cache}")
+    else:
+        index, topics_arg, qrels_arg = args.index, args.topics, args.qrels
+
+    topics = load_topics(topics_arg)
+    if args.max_queries:
+        topics = dict(list(topics.items())[:args.max_queries])
+    qrels = load_qrels(qrels_arg) if qrels_arg else None
+
+    reranker_kwargs = {}
+    if reranker_name != "bm25":
+        reranker_kwargs = {"model": model, "batch_size": args.rerank_batch_size, "precision": args.precision,
+                           **overrides}
+    searcher = RerankingSearcher(index, reranker_name, k1=args.k1, b=args.b, rerank_depth=args.rerank_depth,
+                                 sidecar=args.sidecar or "auto", require_sidecar=not embedded, **reranker_kwargs)
+    if embedded and getattr(searcher.reranker, "model", None) is not None and searcher.sidecar_path is None \
+            and searcher.reranker.model.store_width is not None:
+        ensure_sample_sidecar(sample, searcher.reranker)
+        searcher._attach_sidecar("auto", required=True)
+    print(f"Index: {searcher.index.path} ({searcher.num_docs} documents), BM25 k1={searcher.k1} b={searcher.b}; "
+          f"reranker: {searcher.reranker.name}"
+          + (f", sidecar {searcher.sidecar_path}" if searcher.sidecar_path else ""))
+
+    results, bm25_results, rerank_ms = search_topics(searcher, topics, args, with_bm25=qrels is not None)
+    if args.output:
+        write_run(args.output, ((qid, results[qid]) for qid in topics), output_format=args.output_format,
+                  tag=f"pyserini_mores-{searcher.reranker.name}")
+        print(f"Run written to {args.output}")
+    if rerank_ms:
+        print(f"Rerank time per query ({args.rerank_depth} candidates at most): median "
+              f"{statistics.median(rerank_ms):.1f} ms over {len(rerank_ms)} queries")
+    if qrels is not None:
+        print_metrics(qrels, {"BM25": bm25_results, searcher.reranker.name: results})
+    examples = args.examples if args.examples is not None else (3 if embedded else 0)
+    if examples:
+        print_examples(searcher, topics, results, examples)
+    searcher.close()
+    return 0
+
+
+def search_topics(searcher, topics: dict[str, str], args, with_bm25: bool):
+    from tqdm import tqdm
+
+    from ..types import Query, hits_to_texts, texts_to_hits
+
+    qids = list(topics)
+    results, bm25_results, rerank_ms = {}, {}, []
+    depth = max(args.hits, searcher.rerank_depth)
+    bar = tqdm(total=len(qids), unit="query", desc="search")
+    for start in range(0, len(qids), args.batch_size):
+        batch = qids[start:start + args.batch_size]
+        first_stage = searcher.searcher.batch_search([topics[q] for q in batch], batch, k=depth, threads=args.threads)
+        for qid in batch:
+            hits = list(first_stage.get(qid, []))
+            if with_bm25:
+                bm25_results[qid] = texts_to_hits(hits_to_texts(hits[:args.hits]))
+            started = time.perf_counter()
+            results[qid] = searcher._rerank(topics[qid], hits)[:args.hits]
+            if searcher.reranker.name != "bm25":
+                rerank_ms.append((time.perf_counter() - started) * 1000)
+            bar.update(1)
+    bar.close()
+    return results, bm25_results, rerank_ms
+
+
+def load_topics(spec: str) -> dict[str, str]:
+    """A ``qid<TAB>text`` file, or a Pyserini topics name (downloaded by Pyserini when not bundled)."""
+    from ..formats import read_topics
+
+    if Path(spec).is_file():
+        return read_topics(spec)
+    if "/" in spec or spec.endswith((".tsv", ".txt")):
+        raise FileNotFoundError(f"topics file {spec} does not exist")
+    from .._jvm import import_pyserini
+
+    search = import_pyserini("pyserini.search")
+    try:
+        topics = search.get_topics(spec)
+    except Exception as error:  # Pyserini raises Java exceptions when it cannot download topics
+        raise FileNotFoundError(
+            f"topics '{spec}' is not a file and Pyserini could not load it by name "
+            f"({str(error).splitlines()[0]}); offline, pass a qid<TAB>text TSV file"
+        ) from error
+    if not topics:
+        raise ValueError(f"unknown topics name '{spec}'")
+    return {str(qid): (value.get("title") or value.get("text") or "") for qid, value in topics.items()}
+
+
+def load_qrels(spec: str) -> dict[str, dict[str, int]]:
+    from ..formats import read_qrels
+
+    if Path(spec).is_file():
+        return read_qrels(spec)
+    if "/" in spec or spec.endswith((".tsv", ".txt")):
+        raise FileNotFoundError(f"qrels file {spec} does not exist")
+    from .._jvm import import_pyserini
+
+    search = import_pyserini("pyserini.search")
+    try:
+        path = search.get_qrels_file(spec)
+    except Exception as error:
+        raise FileNotFoundError(
+            f"qrels '{spec}' is not a file and Pyserini could not load it by name "
+            f"({str(error).splitlines()[0]}); offline, pass a TREC qrels file"
+        ) from error
+    return read_qrels(path)
+
+
+def print_metrics(qrels, runs: dict[str, dict]) -> None:
+    from ..eval.metrics import evaluate, format_metrics_table
+    from ..formats import results_to_run
+
+    # Evaluated as written to a run file (scores rounded as there), so the numbers equal `eval` on the file.
+    rows = [(name, evaluate(results_to_run(results), qrels)) for name, results in runs.items()]
+    print(format_metrics_table(rows))
+
+
+def print_examples(searcher, topics, results, count: int) -> None:
+    from ..index import fetch_texts
+
+    for qid in list(topics)[:count]:
+        print(f"\nquery {qid}: {topics[qid]}")
+        top = results[qid][:3]
+        for rank, (hit, text) in enumerate(zip(top, fetch_texts(searcher.searcher, [h.docid for h in top])), 1):
+            bm25_rank = f"BM25 rank {hit.first_stage_rank}" if hit.first_stage_rank else ""
+            print(f"  {rank}. {hit.docid} score {hit.score:.3f} ({bm25_rank}) {text[:90]}...")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,363 @@
+"""The sidecar's on-disk format: file names, dtypes, the manifest schema, block checksums and open-time validation.
+
+Needs only the standard library and numpy, so reading a manifest (``sidecar info``) never starts torch.
+
+A sidecar is a directory::
+
+    manifest.json             written last; everything below is described (bytes, sha256, dtype, shape) in it
+    tokens.bin                [num_tokens, dim]  token vectors of every document, only real tokens, row order
+    offsets.bin               [num_docs + 1]     int64 prefix sums: document row i is tokens[offsets[i]:offsets[i+1]]
+    docids.bin                [num_docs]         S{w} docids in row order (row i = Lucene internal docid i)
+    docids_sorted.bin         [num_docs]         the same docids sorted (np.searchsorted on the memmap)
+    docids_sorted_rows.bin    [num_docs]         int64 row of each sorted docid
+
+All files are flat little-endian arrays without headers. Checksums are "sha256-blocks": the sha256 of the
+concatenated raw sha256 digests of consecutive ``block_bytes``-sized blocks of the file (an empty file has no blocks).
+Unlike a plain sha256 it can be carried across an interrupted build by re-reading at most one block.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO, Mapping
+
+import numpy as np
+
+FORMAT_NAME = "pyserini-mores-sidecar"
+FORMAT_VERSION = 1
+
+MANIFEST = "manifest.json"
+TOKENS = "tokens.bin"
+OFFSETS = "offsets.bin"
+DOCIDS = "docids.bin"
+DOCIDS_SORTED = "docids_sorted.bin"
+DOCIDS_SORTED_ROWS = "docids_sorted_rows.bin"
+DATA_FILES = (TOKENS, OFFSETS, DOCIDS, DOCIDS_SORTED, DOCIDS_SORTED_ROWS)
+
+PARTIAL_SUFFIX = ".partial"
+CHECKSUM_ALGORITHM = "sha256-blocks"
+DEFAULT_BLOCK_BYTES = 64 * 1024 * 1024
+
+# Storage dtype of tokens.bin per manifest dtype. bfloat16 has no numpy dtype: its raw bits are stored as uint16.
+STORAGE_DTYPES: dict[str, np.dtype] = {
+    "float16": np.dtype("<f2"),
+    "float32": np.dtype("<f4"),
+    "bfloat16": np.dtype("<u2"),
+}
+INDEX_DTYPE = np.dtype("<i8")
+
+
+class SidecarError(Exception):
+    """Base class of every sidecar problem."""
+
+
+class SidecarNotFoundError(SidecarError, FileNotFoundError):
+    """The sidecar directory does not exist, or only an unfinished ``.partial`` build does."""
+
+
+class SidecarMismatchError(SidecarError, ValueError):
+    """An intact sidecar of another model, index, dtype or dim (or a resumed build with other parameters)."""
+
+
+class SidecarCorruptError(SidecarError):
+    """The sidecar's files disagree with its manifest (truncated, missing, unreadable manifest)."""
+
+
+class SidecarExistsError(SidecarError, FileExistsError):
+    """A writer would replace an existing complete sidecar (pass ``overwrite=True``) or a directory that is none."""
+
+
+def short_hash(value: str, length: int = 12) -> str:
+    """The first ``length`` characters of a hex fingerprint, for messages."""
+    return str(value)[:length]
+
+
+def json_normalized(value: Any) -> Any:
+    """``value`` as it reads back from JSON (tuples become lists), so caller dicts compare equal to manifest dicts."""
+    return json.loads(json.dumps(value))
+
+
+def docid_dtype(width: int) -> np.dtype:
+    return np.dtype(f"S{max(1, int(width))}")
+
+
+# ---- the manifest ------------------------------------------------------------------------------------------------
+@dataclass
+class FileEntry:
+    """One data file: its size in bytes, block checksum, numpy dtype string and array shape."""
+
+    bytes: int
+    sha256: str
+    dtype: str
+    shape: list[int]
+
+
+@dataclass
+class Manifest:
+    """The content of ``manifest.json``. ``model``, ``index`` and ``build`` are free-form dicts (see the writer)."""
+
+    dim: int
+    dtype: str
+    num_docs: int
+    num_tokens: int
+    docid_width: int
+    files: dict[str, FileEntry]
+    model: dict[str, Any]
+    index: dict[str, Any]
+    build: dict[str, Any] = field(default_factory=dict)
+    checksum: dict[str, Any] = field(
+        default_factory=lambda: {"algorithm": CHECKSUM_ALGORITHM, "block_bytes": DEFAULT_BLOCK_BYTES})
+    created: str = ""
+    library: dict[str, Any] = field(default_factory=dict)
+    format: str = FORMAT_NAME
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def model_fingerprint(self) -> str:
+        return str(self.model.get("fingerprint", ""))
+
+    @property
+    def storage_dtype(self) -> np.dtype:
+        return STORAGE_DTYPES[self.dtype]
+
+    @property
+    def block_bytes(self) -> int:
+        return int(self.checksum.get("block_bytes", DEFAULT_BLOCK_BYTES))
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        # Readers look at the format first: put it on top of the file.
+        head = {"format": data.pop("format"), "format_version": data.pop("format_version")}
+        return {**head, **data}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str = MANIFEST) -> "Manifest":
+        """Parse a manifest dict; a missing or ill-typed field raises :class:`SidecarCorruptError` naming it."""
+        if data.get("format", FORMAT_NAME) != FORMAT_NAME:
+            raise SidecarCorruptError(f"{source}: format is {data.get('format')!r}, not {FORMAT_NAME!r}")
+        version = data.get("format_version")
+        if not isinstance(version, int):
+            raise SidecarCorruptError(f"{source}: field 'format_version' is missing or not an integer")
+        if version != FORMAT_VERSION:
+            hint = ("upgrade pyserini_mores to read it" if version > FORMAT_VERSION
+                    else "rebuild the sidecar with this version")
+            raise SidecarMismatchError(
+                f"{source}: sidecar format_version is {version}, this pyserini_mores reads version "
+                f"{FORMAT_VERSION}; {hint}")
+        required = {"dim": int, "dtype": str, "num_docs": int, "num_tokens": int, "docid_width": int,
+                    "files": dict, "model": dict, "index": dict}
+        for name, kind in required.items():
+            if not isinstance(data.get(name), kind):
+                raise SidecarCorruptError(f"{source}: field '{name}' is missing or not a {kind.__name__}")
+        if data["dtype"] not in STORAGE_DTYPES:
+            raise SidecarCorruptError(
+                f"{source}: field 'dtype' is {data['dtype']!r}, expected one of {sorted(STORAGE_DTYPES)}")
+        files = {}
+        for name in DATA_FILES:
+            entry = data["files"].get(name)
+            try:
+                files[name] = FileEntry(bytes=int(entry["bytes"]), sha256=str(entry["sha256"]),
+                                        dtype=str(entry["dtype"]), shape=[int(n) for n in entry["shape"]])
+            except (TypeError, KeyError, ValueError):
+                raise SidecarCorruptError(f"{source}: field 'files.{name}' is missing or incomplete") from None
+        known = {f for f in cls.__dataclass_fields__} - {"files"}
+        return cls(files=files, **{k: v for k, v in data.items() if k in known})
+
+    def expected_layout(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+        """Each data file's dtype and shape as implied by ``dim``, ``num_docs``, ``num_tokens``, ``docid_width``."""
+        docids = docid_dtype(self.docid_width)
+        return {
+            TOKENS: (self.storage_dtype, (self.num_tokens, self.dim)),
+            OFFSETS: (INDEX_DTYPE, (self.num_docs + 1,)),
+            DOCIDS: (docids, (self.num_docs,)),
+            DOCIDS_SORTED: (docids, (self.num_docs,)),
+            DOCIDS_SORTED_ROWS: (INDEX_DTYPE, (self.num_docs,)),
+        }
+
+    def expected_bytes(self) -> dict[str, int]:
+        return {name: int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+                for name, (dtype, shape) in self.expected_layout().items()}
+
+
+def read_manifest(path: str | os.PathLike) -> Manifest:
+    """Read ``<path>/manifest.json`` (``path`` is the sidecar directory). Pure JSON: no torch, no memmaps."""
+    file = Path(path) / MANIFEST
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SidecarCorruptError(f"{file} is missing: {path} is not a complete sidecar") from None
+    except (OSError, ValueError) as error:
+        raise SidecarCorruptError(f"{file} is unreadable: {error}") from None
+    if not isinstance(data, dict):
+        raise SidecarCorruptError(f"{file} does not hold a JSON object")
+    return Manifest.from_dict(data, source=str(file))
+
+
+def write_json_atomic(file: Path, data: Mapping[str, Any]) -> None:
+    """Write JSON through a temporary file + fsync + rename, so a crash never leaves a half-written file."""
+    tmp = file.with_name(file.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as out:
+        json.dump(data, out, indent=2, sort_keys=False)
+        out.write("\n")
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, file)
+    fsync_dir(file.parent)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename or file creation in ``directory`` durable (best effort: not every filesystem allows it)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# ---- validation at open time -------------------------------------------------------------------------------------
+def partial_path(path: str | os.PathLike) -> Path:
+    path = Path(path)
+    return path.with_name(path.name + PARTIAL_SUFFIX)
+
+
+def check_directory(path: str | os.PathLike) -> None:
+    """Refuse a missing sidecar or an unfinished build with a message saying which, and what to do."""
+    path = Path(path)
+    if path.name.endswith(PARTIAL_SUFFIX) and path.is_dir():
+        raise SidecarNotFoundError(
+            f"{path} is an incomplete sidecar build (finalize never ran); resume the build to complete "
+            f"{path.with_name(path.name[: -len(PARTIAL_SUFFIX)])}")
+    if not path.exists():
+        if partial_path(path).is_dir():
+            raise SidecarNotFoundError(
+                f"sidecar {path} does not exist: only the incomplete build {partial_path(path)} does "
+                f"(interrupted before finalize); resume the build to complete it")
+        raise SidecarNotFoundError(
+            f"sidecar {path} does not exist; build it with `python -m pyserini_mores.sidecar build`")
+    if not path.is_dir():
+        raise SidecarNotFoundError(f"sidecar {path} is not a directory")
+
+
+def check_expectations(manifest: Manifest, path: str | os.PathLike, *, model_fingerprint: str | None = None,
+                       index: Mapping[str, Any] | None = None, dtype: str | None = None,
+                       dim: int | None = None) -> None:
+    """Raise :class:`SidecarMismatchError` when the sidecar was built for another model, index, dtype or dim."""
+    if model_fingerprint is not None and manifest.model_fingerprint != model_fingerprint:
+        raise SidecarMismatchError(
+            f"sidecar {path} was built for another model: its model fingerprint is "
+            f"{short_hash(manifest.model_fingerprint)} (model_type={manifest.model.get('model_type')!r}, "
+            f"store_variant={manifest.model.get('store_variant')!r}) but the model in use has fingerprint "
+            f"{short_hash(model_fingerprint)}; the sidecar must be rebuilt for this model")
+    if index is not None and json_normalized(dict(index)) != json_normalized(manifest.index):
+        raise SidecarMismatchError(
+            f"sidecar {path} was built for another index: its index identity is {manifest.index} but the index "
+            f"in use is {dict(index)}; rows would not line up with Lucene docids, rebuild the sidecar for this index")
+    if dtype is not None and manifest.dtype != str(dtype):
+        raise SidecarMismatchError(
+            f"sidecar {path} stores dtype {manifest.dtype} but {dtype} was expected")
+    if dim is not None and manifest.dim != int(dim):
+        raise SidecarMismatchError(
+            f"sidecar {path} stores vectors of dim {manifest.dim} but dim {dim} was expected "
+            f"(the model's store width)")
+
+
+def size_problems(manifest: Manifest, path: str | os.PathLike) -> list[str]:
+    """Files whose size disagrees with the manifest: cheap (stat only). Empty when everything matches."""
+    path = Path(path)
+    problems = []
+    for name, expected in manifest.expected_bytes().items():
+        recorded = manifest.files[name].bytes
+        if recorded != expected:
+            problems.append(f"{name}: manifest records {recorded} bytes but its shape implies {expected} bytes")
+            continue
+        file = path / name
+        try:
+            actual = file.stat().st_size
+        except FileNotFoundError:
+            problems.append(f"{name}: file is missing ({file})")
+            continue
+        if actual != expected:
+            state = "truncated" if actual < expected else "too long"
+            dtype, shape = manifest.expected_layout()[name]
+            row_bytes = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
+            count = (f"; it holds {actual // row_bytes} rows where the manifest implies {shape[0]}"
+                     if row_bytes and actual % row_bytes == 0 else "")
+            problems.append(f"{name}: file is {state}: expected {expected} bytes, found {actual} bytes{count} "
+                            f"({file})")
+    return problems
+
+
+# ---- block checksums ---------------------------------------------------------------------------------------------
+class BlockHasher:
+    """Incremental "sha256-blocks" checksum that can be restored from saved block digests after a crash.
+
+    The state is the list of finished block digests plus a running hash of the current (unfinished) block.
+    """
+
+    def __init__(self, block_bytes: int = DEFAULT_BLOCK_BYTES):
+        if block_bytes <= 0:
+            raise ValueError("block_bytes must be positive")
+        self.block_bytes = int(block_bytes)
+        self.block_digests: list[bytes] = []
+        self._current = hashlib.sha256()
+        self._current_bytes = 0
+
+    @property
+    def num_bytes(self) -> int:
+        return len(self.block_digests) * self.block_bytes + self._current_bytes
+
+    def update(self, data: bytes | bytearray | memoryview) -> None:
+        view = memoryview(data).cast("B")
+        while len(view):
+            take = min(self.block_bytes - self._current_bytes, len(view))
+            self._current.update(view[:take])
+            self._current_bytes += take
+            view = view[take:]
+            if self._current_bytes == self.block_bytes:
+                self.block_digests.append(self._current.digest())
+                self._current = hashlib.sha256()
+                self._current_bytes = 0
+
+    def hexdigest(self) -> str:
+        total = hashlib.sha256()
+        for digest in self.block_digests:
+            total.update(digest)
+        if self._current_bytes:
+            total.update(self._current.digest())
+        return total.hexdigest()
+
+    @classmethod
+    def restore(cls, file: Path, length: int, block_bytes: int, saved_digests: list[bytes]) -> "BlockHasher":
+        """The hasher of the first ``length`` bytes of ``file``, re-reading only what ``saved_digests`` lacks."""
+        hasher = cls(block_bytes)
+        full_blocks = length // block_bytes
+        hasher.block_digests = list(saved_digests[:full_blocks])
+        with open(file, "rb") as stream:
+            stream.seek(len(hasher.block_digests) * block_bytes)
+            _feed(hasher, stream, length - hasher.num_bytes)
+        return hasher
+
+
+def _feed(hasher: BlockHasher, stream: BinaryIO, count: int, buffer_bytes: int = 8 * 1024 * 1024) -> None:
+    while count > 0:
+        data = stream.read(min(buffer_bytes, count))
+        if not data:
+            raise SidecarCorruptError(f"{getattr(stream, 'name', 'file')} ended {count} bytes early")
+        hasher.update(data)
+        count -= len(data)
+
+
+def file_checksum(file: str | os.PathLike, block_bytes: int = DEFAULT_BLOCK_BYTES) -> str:
+    """The "sha256-blocks" checksum of a whole file, streamed (constant memory, any file size)."""
+    hasher = BlockHasher(block_bytes)
+    with open(file, "rb") as stream:
+        _feed(hasher, stream, os.fstat(stream.fileno()).st_size)
+    return hasher.hexdigest()

@@ -1,0 +1,109 @@
+"""Full integrity check of a sidecar: sizes, checksums (streamed), offsets and docid tables. Reads every byte once."""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .format import (
+    CHECKSUM_ALGORITHM,
+    DATA_FILES,
+    DOCIDS,
+    DOCIDS_SORTED,
+    DOCIDS_SORTED_ROWS,
+    OFFSETS,
+    Manifest,
+    SidecarError,
+    check_directory,
+    file_checksum,
+    read_manifest,
+    short_hash,
+    size_problems,
+)
+
+logger = logging.getLogger(__name__)
+
+_CHUNK = 1 << 22  # entries per step of the structural checks, so memory stays bounded on 8.8M-document sidecars
+
+
+def verify_sidecar(path: str | os.PathLike) -> list[str]:
+    """Every problem found in the sidecar at ``path``, one readable line each; an empty list means it is intact.
+
+    Checks: the manifest parses; every data file exists with the size its shape implies; every file's checksum;
+    offsets start at 0, never decrease and end at ``num_tokens``; sorted docids are strictly increasing and map
+    back to the row-order docids through ``docids_sorted_rows``.
+    """
+    path = Path(path)
+    try:
+        check_directory(path)
+        manifest = read_manifest(path)
+    except SidecarError as error:
+        return [str(error)]
+    problems = size_problems(manifest, path)
+    sized = {name for name in DATA_FILES if not any(problem.startswith(f"{name}:") for problem in problems)}
+    algorithm = manifest.checksum.get("algorithm")
+    if algorithm != CHECKSUM_ALGORITHM:
+        problems.append(f"manifest.json: unknown checksum algorithm {algorithm!r}")
+    else:
+        for name in DATA_FILES:
+            if name not in sized:
+                continue
+            logger.info("hashing %s", path / name)
+            actual = file_checksum(path / name, manifest.block_bytes)
+            recorded = manifest.files[name].sha256
+            if actual != recorded:
+                problems.append(f"{name}: checksum mismatch: the manifest records {short_hash(recorded)} but the "
+                                f"file hashes to {short_hash(actual)} (its content changed since the build)")
+    arrays = {name: _open(path, manifest, name) for name in sized}
+    if OFFSETS in arrays:
+        problems += _offset_problems(arrays[OFFSETS], manifest.num_tokens)
+    if {DOCIDS, DOCIDS_SORTED, DOCIDS_SORTED_ROWS} <= arrays.keys():
+        problems += _docid_problems(arrays[DOCIDS], arrays[DOCIDS_SORTED], arrays[DOCIDS_SORTED_ROWS])
+    return problems
+
+
+def _open(path: Path, manifest: Manifest, name: str) -> np.ndarray:
+    dtype, shape = manifest.expected_layout()[name]
+    if int(np.prod(shape, dtype=np.int64)) == 0:
+        return np.zeros(shape, dtype=dtype)
+    return np.memmap(path / name, dtype=dtype, mode="r", shape=shape)
+
+
+def _offset_problems(offsets: np.ndarray, num_tokens: int) -> list[str]:
+    problems = []
+    if offsets[0] != 0:
+        problems.append(f"{OFFSETS}: first offset is {int(offsets[0])}, not 0")
+    for start in range(0, len(offsets) - 1, _CHUNK):
+        # Overlap by one entry so a decrease across a chunk boundary is seen.
+        steps = np.diff(np.asarray(offsets[start:start + _CHUNK + 1]))
+        if (steps < 0).any():
+            row = start + int(np.flatnonzero(steps < 0)[0])
+            problems.append(f"{OFFSETS}: offsets decrease at row {row} ({int(offsets[row])} -> "
+                            f"{int(offsets[row + 1])})")
+            break
+    if offsets[-1] != num_tokens:
+        problems.append(f"{OFFSETS}: last offset is {int(offsets[-1])} but the manifest has num_tokens={num_tokens}")
+    return problems
+
+
+def _docid_problems(docids: np.ndarray, docids_sorted: np.ndarray, sorted_rows: np.ndarray) -> list[str]:
+    num_docs = len(docids)
+    seen = np.zeros(num_docs, dtype=bool)
+    for start in range(0, num_docs, _CHUNK):
+        chunk_sorted = np.asarray(docids_sorted[start:start + _CHUNK + 1])
+        if (chunk_sorted[1:] <= chunk_sorted[:-1]).any():
+            position = start + int(np.flatnonzero(chunk_sorted[1:] <= chunk_sorted[:-1])[0])
+            return [f"{DOCIDS_SORTED}: not strictly increasing at position {position} (unsorted or duplicate docid)"]
+        rows = np.asarray(sorted_rows[start:start + _CHUNK])
+        if ((rows < 0) | (rows >= num_docs)).any():
+            return [f"{DOCIDS_SORTED_ROWS}: row out of range [0, {num_docs}) near position {start}"]
+        if (docids[rows] != chunk_sorted[:len(rows)]).any():
+            position = start + int(np.flatnonzero(docids[rows] != chunk_sorted[:len(rows)])[0])
+            return [f"{DOCIDS_SORTED_ROWS}: position {position} points to row {int(sorted_rows[position])}, whose "
+                    f"docid differs from {DOCIDS_SORTED}"]
+        seen[rows] = True
+    if not seen.all():
+        return [f"{DOCIDS_SORTED_ROWS}: row {int(np.flatnonzero(~seen)[0])} is never referenced"]
+    return []

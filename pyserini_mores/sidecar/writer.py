@@ -1,0 +1,493 @@
+"""Streams document representations into ``<path>.partial/``, resumable after a crash; ``finalize`` renames it.
+
+The partial directory holds the data files plus ``_journal/``: ``state.json`` (rows and bytes committed, the build
+parameters) and one append-only ``<file>.blocks`` list of finished block digests per growing file, so that resuming
+truncates the files to the committed lengths and re-reads at most one checksum block per file.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .. import __version__
+from .format import (
+    CHECKSUM_ALGORITHM,
+    DEFAULT_BLOCK_BYTES,
+    DOCIDS,
+    DOCIDS_SORTED,
+    DOCIDS_SORTED_ROWS,
+    FORMAT_VERSION,
+    INDEX_DTYPE,
+    MANIFEST,
+    OFFSETS,
+    STORAGE_DTYPES,
+    TOKENS,
+    BlockHasher,
+    FileEntry,
+    Manifest,
+    SidecarCorruptError,
+    SidecarError,
+    SidecarExistsError,
+    SidecarMismatchError,
+    docid_dtype,
+    fsync_dir,
+    json_normalized,
+    partial_path,
+    write_json_atomic,
+)
+
+logger = logging.getLogger(__name__)
+
+JOURNAL_DIR = "_journal"
+JOURNAL_STATE = "state.json"
+_GROWING_FILES = (TOKENS, OFFSETS)
+_DOCID_CHUNK = 1 << 20  # docids encoded per chunk, to bound the temporary list of bytes objects
+
+
+class SidecarWriter:
+    """Writes one sidecar: documents are appended in row order (row i = Lucene internal docid i).
+
+    Args:
+        path: the sidecar directory to create; work happens in ``<path>.partial`` until :meth:`finalize`.
+        dim: width of one stored token vector.
+        dtype: ``float16`` (default), ``float32`` or ``bfloat16``.
+        docids: the external docid of every row, in row order; ``len(docids)`` is the number of documents.
+        model: at least ``model_type``, ``store_variant`` and ``fingerprint`` (hex) of the model that encodes.
+        index: identity of the Lucene index, e.g. ``{"num_docs": N, "signature": "..."}``; readers compare it.
+        build: free-form provenance (max_length, truncated documents, reranker, backbone, source, timings...).
+        overwrite: replace an existing complete sidecar at ``path`` when finalizing.
+        restart: discard an existing ``.partial`` build instead of resuming it.
+        block_bytes: checksum block size (see :mod:`.format`).
+        commit_every_docs: commit the journal once at least this many documents were added since the last commit
+            (1: after every :meth:`add`). A crash loses at most the uncommitted documents.
+
+    Example::
+
+        with SidecarWriter(path, dim=32, docids=docids, model=model_info, index=index_info) as writer:
+            for start in range(writer.rows_done, len(docids), 64):
+                writer.add(model.encode_documents(batch_of(start, start + 64)))
+        # a clean exit with every row written finalizes; an exception keeps the partial build for resuming
+    """
+
+    def __init__(self, path: str | os.PathLike, *, dim: int, dtype: str = "float16", docids: Sequence[str],
+                 model: Mapping[str, Any], index: Mapping[str, Any], build: Mapping[str, Any] | None = None,
+                 overwrite: bool = False, restart: bool = False, block_bytes: int = DEFAULT_BLOCK_BYTES,
+                 commit_every_docs: int = 1):
+        self.path = Path(path)
+        self.partial_path = partial_path(self.path)
+        self.dim = int(dim)
+        self.dtype = str(dtype)
+        self.overwrite = overwrite
+        self.block_bytes = int(block_bytes)
+        self.commit_every_docs = max(1, int(commit_every_docs))
+        if self.dtype not in STORAGE_DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(STORAGE_DTYPES)}, not {dtype!r}")
+        if self.dim <= 0:
+            raise ValueError(f"dim must be positive, not {dim}")
+        self.model = _check_model(model)
+        self.index = json_normalized(dict(index))
+        self.build_info: dict[str, Any] = json_normalized(dict(build or {}))
+        self._check_target()
+
+        docid_array = _encode_docids(docids)
+        self.num_docs = len(docid_array)
+        if "num_docs" in self.index and int(self.index["num_docs"]) != self.num_docs:
+            raise ValueError(f"{self.num_docs} docids given but the index has {self.index['num_docs']} documents: "
+                             f"sidecar rows must line up with the index's internal docids")
+        sorted_rows = np.argsort(docid_array, kind="stable").astype(INDEX_DTYPE)
+        docids_sorted = docid_array[sorted_rows]
+        duplicates = np.flatnonzero(docids_sorted[1:] == docids_sorted[:-1])
+        if len(duplicates):
+            raise ValueError(f"docids must be unique: {docids_sorted[duplicates[0]].decode('utf-8')!r} "
+                             f"appears more than once")
+        docid_checksum = _hash_bytes(docid_array, self.block_bytes)
+        self._params = json_normalized({
+            "format_version": FORMAT_VERSION, "dim": self.dim, "dtype": self.dtype, "num_docs": self.num_docs,
+            "docid_width": docid_array.dtype.itemsize, "docids_sha256": docid_checksum, "model": self.model,
+            "index": self.index, "block_bytes": self.block_bytes})
+        self.docid_width = docid_array.dtype.itemsize
+        self._storage_dtype = STORAGE_DTYPES[self.dtype]
+        self._closed = False
+        self._finalized = False
+        self._broken = False
+        self._uncommitted_docs = 0
+        self._logged_blocks = {name: 0 for name in _GROWING_FILES}
+        self._static_files: dict[str, dict[str, Any]] = {}
+
+        state = self._load_state() if self.partial_path.exists() else None
+        if state is not None and restart:
+            logger.info("discarding the partial sidecar build %s (restart=True)", self.partial_path)
+            shutil.rmtree(self.partial_path)
+            state = None
+        if state is not None:
+            if state["params"] != self._params:
+                differing = sorted(key for key in self._params if state["params"].get(key) != self._params[key])
+                raise SidecarMismatchError(
+                    f"{self.partial_path} is a partial build with other parameters (differing: "
+                    f"{', '.join(differing)}); pass restart=True to discard it, or build with its parameters")
+            self._resume(state, docid_array, docids_sorted, sorted_rows)
+        else:
+            self._start(docid_array, docids_sorted, sorted_rows)
+
+    # ---- public API ----------------------------------------------------------------------------------------------
+    @property
+    def rows_done(self) -> int:
+        """Documents written (and, once committed, durable). A resumed build continues at this row."""
+        return self._rows_done
+
+    @property
+    def num_tokens(self) -> int:
+        return self._num_tokens
+
+    def add(self, reps: Sequence[Any]) -> int:
+        """Append the next ``len(reps)`` documents. Each is a ``[len_i, dim]`` numpy array or torch tensor.
+
+        ``len_i`` may be 0 (an empty document). Returns :attr:`rows_done`.
+        """
+        self._check_writable()
+        if self._rows_done + len(reps) > self.num_docs:
+            raise ValueError(f"{len(reps)} documents added at row {self._rows_done}, but the sidecar has only "
+                             f"{self.num_docs} rows")
+        if not len(reps):
+            return self._rows_done
+        lengths, tokens = _to_storage(reps, self.dim, self.dtype, first_row=self._rows_done)
+        offsets = (self._num_tokens + np.cumsum(lengths, dtype=np.int64)).astype(INDEX_DTYPE)
+        try:
+            # Offsets after tokens: a crash between the two leaves extra token bytes, which resuming truncates.
+            self._append(TOKENS, tokens)
+            self._append(OFFSETS, offsets)
+        except BaseException:
+            self._broken = True  # file positions are unknown now: only close(); the last journal stays valid
+            raise
+        self._rows_done += len(reps)
+        self._num_tokens += int(lengths.sum())
+        self._uncommitted_docs += len(reps)
+        if self._uncommitted_docs >= self.commit_every_docs:
+            self.commit()
+        return self._rows_done
+
+    def update_build(self, info: Mapping[str, Any]) -> None:
+        """Add provenance to the manifest's ``build`` dict; it is journalled at the next commit, so it survives a
+        resume (counters such as truncated documents can be accumulated across interruptions)."""
+        self.build_info.update(json_normalized(dict(info)))
+
+    def commit(self) -> None:
+        """Make everything added so far durable: fsync data, append finished block digests, then the journal."""
+        if self._closed:
+            return
+        for name in _GROWING_FILES:
+            stream = self._files[name]
+            stream.flush()
+            os.fsync(stream.fileno())
+        for name in _GROWING_FILES:
+            new = self._hashers[name].block_digests[self._logged_blocks[name]:]
+            if new:
+                with open(self._journal / f"{name}.blocks", "a", encoding="ascii") as log:
+                    log.write("".join(digest.hex() + "\n" for digest in new))
+                    log.flush()
+                    os.fsync(log.fileno())
+                self._logged_blocks[name] += len(new)
+        write_json_atomic(self._journal / JOURNAL_STATE, {
+            "params": self._params, "rows_done": self._rows_done, "num_tokens": self._num_tokens,
+            "bytes": {TOKENS: self._token_bytes(self._num_tokens), OFFSETS: self._offset_bytes(self._rows_done)},
+            "static_files": self._static_files, "build": self.build_info, "updated": time.time()})
+        self._uncommitted_docs = 0
+
+    def finalize(self, build: Mapping[str, Any] | None = None) -> Path:
+        """Write the manifest (last), rename ``<path>.partial`` to ``<path>`` and return ``<path>``.
+
+        ``build`` adds provenance known only at the end (timings, truncated documents...).
+        """
+        self._check_writable()
+        if self._rows_done != self.num_docs:
+            raise SidecarError(f"cannot finalize {self.path}: {self._rows_done} of {self.num_docs} documents "
+                               f"written")
+        if build:
+            self.update_build(build)
+        self.commit()
+        self._close_files()
+        checksums = {name: (hasher.num_bytes, hasher.hexdigest()) for name, hasher in self._hashers.items()}
+        checksums.update({name: (entry["bytes"], entry["sha256"]) for name, entry in self._static_files.items()})
+        manifest = Manifest(
+            dim=self.dim, dtype=self.dtype, num_docs=self.num_docs, num_tokens=self._num_tokens,
+            docid_width=self.docid_width, files={}, model=self.model, index=self.index, build=self.build_info,
+            checksum={"algorithm": CHECKSUM_ALGORITHM, "block_bytes": self.block_bytes},
+            created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            library={"name": "pyserini_mores", "version": __version__})
+        for name, (dtype, shape) in manifest.expected_layout().items():
+            size, checksum = checksums[name]
+            if size != (self.partial_path / name).stat().st_size:
+                raise SidecarCorruptError(f"{self.partial_path / name} changed size while finalizing")
+            manifest.files[name] = FileEntry(bytes=size, sha256=checksum, dtype=dtype.str, shape=list(shape))
+        write_json_atomic(self.partial_path / MANIFEST, manifest.to_dict())
+        self._replace_target()
+        # The journal goes after the rename: a crash before it leaves a resumable partial, after it a harmless dir.
+        shutil.rmtree(self.path / JOURNAL_DIR, ignore_errors=True)
+        self._finalized = True
+        logger.info("sidecar %s: %d documents, %d tokens, dim %d, %s", self.path, self.num_docs, self._num_tokens,
+                    self.dim, self.dtype)
+        return self.path
+
+    def close(self) -> None:
+        """Commit and close without finalizing: the partial build stays on disk and a new writer resumes it."""
+        if self._closed:
+            return
+        try:
+            # After a failed write the files may hold a torn tail; the last committed journal stays authoritative.
+            if not self._broken:
+                self.commit()
+        finally:
+            self._close_files()
+
+    def abort(self) -> None:
+        """Stop and delete the partial build."""
+        self._close_files()
+        shutil.rmtree(self.partial_path, ignore_errors=True)
+
+    def __enter__(self) -> "SidecarWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        if self._closed:
+            return
+        if exc_type is None and self._rows_done == self.num_docs:
+            self.finalize()
+            return
+        if exc_type is None:
+            logger.warning("sidecar writer for %s closed after %d of %d documents: the partial build is kept for "
+                           "resuming", self.path, self._rows_done, self.num_docs)
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"SidecarWriter({str(self.path)!r}, dim={self.dim}, dtype={self.dtype!r}, "
+                f"rows_done={self._rows_done}/{self.num_docs})")
+
+    # ---- start / resume ------------------------------------------------------------------------------------------
+    @property
+    def _journal(self) -> Path:
+        return self.partial_path / JOURNAL_DIR
+
+    def _token_bytes(self, num_tokens: int) -> int:
+        return num_tokens * self.dim * self._storage_dtype.itemsize
+
+    def _offset_bytes(self, rows: int) -> int:
+        return (rows + 1) * INDEX_DTYPE.itemsize
+
+    def _start(self, docid_array: np.ndarray, docids_sorted: np.ndarray, sorted_rows: np.ndarray) -> None:
+        if self.partial_path.exists():
+            # A partial dir without a journal died before its first commit: nothing in it is worth keeping.
+            logger.warning("discarding %s: it has no journal (interrupted before its first commit)",
+                           self.partial_path)
+            shutil.rmtree(self.partial_path)
+        self._journal.mkdir(parents=True)
+        self._write_docid_files(docid_array, docids_sorted, sorted_rows)
+        self._rows_done = 0
+        self._num_tokens = 0
+        self._hashers = {name: BlockHasher(self.block_bytes) for name in _GROWING_FILES}
+        self._files = {name: open(self.partial_path / name, "wb") for name in _GROWING_FILES}
+        self._append(OFFSETS, np.zeros(1, dtype=INDEX_DTYPE))
+        self.commit()
+
+    def _write_docid_files(self, docid_array: np.ndarray, docids_sorted: np.ndarray,
+                           sorted_rows: np.ndarray) -> None:
+        for name, array in ((DOCIDS, docid_array), (DOCIDS_SORTED, docids_sorted),
+                            (DOCIDS_SORTED_ROWS, sorted_rows)):
+            with open(self.partial_path / name, "wb") as out:
+                out.write(_as_bytes(array))
+                out.flush()
+                os.fsync(out.fileno())
+            self._static_files[name] = {"bytes": array.nbytes, "sha256": _hash_bytes(array, self.block_bytes)}
+
+    def _load_state(self) -> dict[str, Any] | None:
+        try:
+            state = json.loads((self._journal / JOURNAL_STATE).read_text(encoding="utf-8"))
+            return state if isinstance(state, dict) and "params" in state else None
+        except (OSError, ValueError):
+            return None
+
+    def _resume(self, state: dict[str, Any], docid_array: np.ndarray, docids_sorted: np.ndarray,
+                sorted_rows: np.ndarray) -> None:
+        rows, tokens = int(state["rows_done"]), int(state["num_tokens"])
+        lengths = {TOKENS: self._token_bytes(tokens), OFFSETS: self._offset_bytes(rows)}
+        for name, length in lengths.items():
+            file = self.partial_path / name
+            actual = file.stat().st_size if file.exists() else -1
+            if actual < length:
+                raise SidecarCorruptError(
+                    f"cannot resume {self.partial_path}: the journal records {length} bytes of {name} but only "
+                    f"{max(actual, 0)} are on disk; pass restart=True to start over")
+        for name, length in lengths.items():
+            os.truncate(self.partial_path / name, length)  # drop whatever was written after the last commit
+        with open(self.partial_path / OFFSETS, "rb") as stream:
+            stream.seek(rows * INDEX_DTYPE.itemsize)
+            last_offset = int(np.frombuffer(stream.read(INDEX_DTYPE.itemsize), dtype=INDEX_DTYPE)[0])
+        if last_offset != tokens:
+            raise SidecarCorruptError(f"cannot resume {self.partial_path}: {OFFSETS} ends at token {last_offset} "
+                                      f"but the journal records {tokens}; pass restart=True to start over")
+        self._static_files = dict(state.get("static_files", {}))
+        docid_files_ok = all(
+            name in self._static_files and (self.partial_path / name).exists()
+            and (self.partial_path / name).stat().st_size == self._static_files[name]["bytes"]
+            for name in (DOCIDS, DOCIDS_SORTED, DOCIDS_SORTED_ROWS))
+        if not docid_files_ok:
+            self._write_docid_files(docid_array, docids_sorted, sorted_rows)
+        self._hashers = {}
+        for name, length in lengths.items():
+            saved = _read_block_log(self._journal / f"{name}.blocks")
+            hasher = BlockHasher.restore(self.partial_path / name, length, self.block_bytes, saved)
+            self._hashers[name] = hasher
+            # Keep the log equal to the restored digests, so later appends continue it.
+            _write_block_log(self._journal / f"{name}.blocks", hasher.block_digests)
+            self._logged_blocks[name] = len(hasher.block_digests)
+        self._rows_done, self._num_tokens = rows, tokens
+        self.build_info = {**state.get("build", {}), **self.build_info}
+        self._files = {name: open(self.partial_path / name, "ab") for name in _GROWING_FILES}
+        logger.info("resuming sidecar build %s at row %d of %d", self.partial_path, rows, self.num_docs)
+
+    # ---- internals -----------------------------------------------------------------------------------------------
+    def _append(self, name: str, array: np.ndarray) -> None:
+        data = _as_bytes(array)
+        self._files[name].write(data)
+        self._hashers[name].update(data)
+
+    def _check_writable(self) -> None:
+        if self._finalized:
+            raise SidecarError(f"sidecar writer for {self.path} is already finalized")
+        if self._closed:
+            raise SidecarError(f"sidecar writer for {self.path} is closed; create a new writer to resume")
+        if self._broken:
+            raise SidecarError(f"a write to {self.partial_path} failed; close() and create a new writer to resume")
+
+    def _check_target(self) -> None:
+        """Fail before any encoding work when ``path`` could not be replaced at the end."""
+        if not self.path.exists():
+            return
+        if not self.path.is_dir() or not ((self.path / MANIFEST).exists() or not any(self.path.iterdir())):
+            raise SidecarExistsError(f"{self.path} exists and is not a sidecar; refusing to replace it")
+        if (self.path / MANIFEST).exists() and not self.overwrite:
+            raise SidecarExistsError(f"sidecar {self.path} already exists; pass overwrite=True to replace it")
+
+    def _replace_target(self) -> None:
+        self._check_target()
+        old = None
+        if self.path.exists():
+            old = self.path.with_name(f"{self.path.name}.replaced-{os.getpid()}")
+            os.replace(self.path, old)
+        os.replace(self.partial_path, self.path)
+        fsync_dir(self.path.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def _close_files(self) -> None:
+        for stream in getattr(self, "_files", {}).values():
+            try:
+                stream.close()
+            except OSError:
+                if not self._broken:
+                    raise
+        self._files = {}
+        self._closed = True
+
+
+# ---- helpers -----------------------------------------------------------------------------------------------------
+def _check_model(model: Mapping[str, Any]) -> dict[str, Any]:
+    model = json_normalized(dict(model))
+    missing = [key for key in ("model_type", "store_variant", "fingerprint") if not model.get(key)]
+    if missing:
+        raise ValueError(f"model info lacks {', '.join(missing)}")
+    try:
+        int(str(model["fingerprint"]), 16)
+    except ValueError:
+        raise ValueError(f"model fingerprint must be a hex string, not {model['fingerprint']!r}") from None
+    return model
+
+
+def _encode_docids(docids: Sequence[str]) -> np.ndarray:
+    """``[num_docs]`` fixed-width UTF-8 bytes ``S{w}``, filled in chunks (no list of 8.8M bytes objects at once)."""
+    def encoded(docid: str) -> bytes:
+        if not isinstance(docid, str):
+            raise TypeError(f"docids must be str, not {type(docid).__name__} ({docid!r})")
+        return docid.encode("utf-8")
+
+    width = max((len(encoded(docid)) for docid in docids), default=1)
+    array = np.empty(len(docids), dtype=docid_dtype(width))
+    chunk: list[bytes] = []
+    start = 0
+    for docid in docids:
+        chunk.append(encoded(docid))
+        if len(chunk) == _DOCID_CHUNK:
+            array[start:start + len(chunk)] = chunk
+            start += len(chunk)
+            chunk = []
+    array[start:start + len(chunk)] = chunk
+    return array
+
+
+def _as_bytes(array: np.ndarray) -> memoryview:
+    return memoryview(np.ascontiguousarray(array).reshape(-1)).cast("B")
+
+
+def _hash_bytes(array: np.ndarray, block_bytes: int) -> str:
+    hasher = BlockHasher(block_bytes)
+    hasher.update(_as_bytes(array))
+    return hasher.hexdigest()
+
+
+def _read_block_log(file: Path) -> list[bytes]:
+    """Digests of a block log; stops at a torn last line (a crash mid-append), the rest is re-read from data."""
+    digests = []
+    if file.exists():
+        for line in file.read_text(encoding="ascii", errors="replace").split("\n"):
+            if len(line) != 64:
+                break
+            try:
+                digests.append(bytes.fromhex(line))
+            except ValueError:
+                break
+    return digests
+
+
+def _write_block_log(file: Path, digests: list[bytes]) -> None:
+    tmp = file.with_name(file.name + ".tmp")
+    with open(tmp, "w", encoding="ascii") as out:
+        out.write("".join(digest.hex() + "\n" for digest in digests))
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, file)
+
+
+def _to_storage(reps: Sequence[Any], dim: int, dtype: str, first_row: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-document lengths ``[B]`` and all their token vectors ``[sum(lengths), dim]`` in the storage dtype."""
+    lengths = np.empty(len(reps), dtype=np.int64)
+    for i, rep in enumerate(reps):
+        shape = tuple(rep.shape)
+        if len(shape) != 2 or shape[1] != dim:
+            raise ValueError(f"document at row {first_row + i}: expected a [len, {dim}] matrix, got shape {shape}")
+        lengths[i] = shape[0]
+    storage = STORAGE_DTYPES[dtype]
+    if dtype != "bfloat16" and all(isinstance(rep, np.ndarray) for rep in reps):
+        with np.errstate(over="ignore"):  # overflow to inf is reported below, with a better message
+            tokens = np.concatenate(reps, axis=0).astype(storage, copy=False)
+        finite = np.isfinite(tokens)
+    else:
+        import torch
+
+        target = getattr(torch, dtype)
+        tensors = [torch.as_tensor(rep).detach().to("cpu", target) for rep in reps]
+        converted = torch.cat(tensors, dim=0).contiguous()
+        finite = torch.isfinite(converted).numpy()
+        tokens = (converted.view(torch.int16).numpy().view(storage) if dtype == "bfloat16"
+                  else converted.numpy().astype(storage, copy=False))
+    if not finite.all():
+        where = int(np.searchsorted(np.cumsum(lengths), int(np.flatnonzero(~finite.all(axis=1))[0]), side="right"))
+        hint = " (float16 overflows above 65504: store bfloat16 or float32)" if dtype == "float16" else ""
+        raise ValueError(f"document at row {first_row + where} has non-finite values after conversion to "
+                         f"{dtype}{hint}")
+    return lengths, tokens

@@ -1,0 +1,257 @@
+"""Metrics against hand calculations, averaging over judged queries, the non-inferiority test, and the eval CLI."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from pyserini_mores.eval import (
+    DEFAULT_METRICS,
+    canonical_metric_name,
+    evaluate,
+    format_metrics_table,
+    non_inferiority,
+    paired_t_test,
+)
+from pyserini_mores.eval.__main__ import main
+from pyserini_mores.formats import write_run
+from pyserini_mores.types import RerankedHit
+
+QRELS = {
+    "q1": {"d1": 1, "d2": 0, "d3": 2},  # relevant: d1 (grade 1), d3 (grade 2)
+    "q2": {"d5": 1},
+    "q3": {"d9": 1},  # judged but missing from the run: counts 0
+    "q4": {"d7": 0},  # nothing relevant: not a judged query, left out of every mean
+}
+RUN = {
+    "q1": {"d2": 3.0, "d1": 2.0, "d4": 1.0, "d3": 0.5},  # ranks: d2, d1 (rel), d4, d3 (rel)
+    "q2": {**{f"x{i:02d}": 20.0 - i for i in range(10)}, "d5": 5.0},  # the relevant d5 is at rank 11
+    "q4": {"d7": 1.0},
+    "q5": {"d1": 1.0},  # not in the qrels: ignored
+}
+LOG2_3, LOG2_5 = math.log2(3), math.log2(5)
+NDCG10_Q1 = (1 / LOG2_3 + 2 / LOG2_5) / (2 / 1 + 1 / LOG2_3)  # gains are the grades; ideal order d3, d1
+
+
+def test_metrics_match_hand_calculation():
+    result = evaluate(RUN, QRELS)
+    assert result.metrics == DEFAULT_METRICS
+    assert result.num_queries == 3 and result.num_missing == 1 and result.num_unjudged == 2
+    assert result.per_query["MRR@10"] == {"q1": 0.5, "q2": 0.0, "q3": 0.0}  # rank 11 is outside MRR@10
+    assert result.aggregate["MRR@10"] == pytest.approx(0.5 / 3)
+    assert result.per_query["nDCG@10"]["q1"] == pytest.approx(NDCG10_Q1)
+    assert result.aggregate["nDCG@10"] == pytest.approx(NDCG10_Q1 / 3)
+    # AP(q1) = (1/2 + 2/4) / 2; AP(q2) = 1/11.
+    assert result.per_query["MAP"] == pytest.approx({"q1": 0.5, "q2": 1 / 11, "q3": 0.0})
+    assert result.aggregate["MAP"] == pytest.approx((0.5 + 1 / 11) / 3)
+    assert result.aggregate["R@100"] == pytest.approx(2 / 3)
+    assert result.aggregate["R@1000"] == pytest.approx(2 / 3)
+    assert result["mrr@10"] == result.aggregate["MRR@10"]
+
+
+def test_mrr_without_cutoff_and_other_metrics():
+    result = evaluate(RUN, QRELS, ["MRR", "MRR@11", "P@2", "ndcg_cut_10", "recip_rank", "R@3"])
+    assert result.metrics == ("MRR", "MRR@11", "P@2", "nDCG@10", "R@3")  # recip_rank is MRR
+    assert result.per_query["MRR"] == pytest.approx({"q1": 0.5, "q2": 1 / 11, "q3": 0.0})
+    assert result.per_query["MRR@11"]["q2"] == pytest.approx(1 / 11)
+    assert result.aggregate["P@2"] == pytest.approx(0.5 / 3)
+    assert result.aggregate["nDCG@10"] == pytest.approx(NDCG10_Q1 / 3)
+    assert result.per_query["R@3"] == pytest.approx({"q1": 0.5, "q2": 0.0, "q3": 0.0})
+
+
+def test_relevance_level_changes_relevant_documents_and_judged_queries():
+    result = evaluate(RUN, QRELS, ["MRR@10", "MAP"], relevance_level=2)
+    assert result.num_queries == 1  # only q1 has a grade-2 document
+    assert result.aggregate == pytest.approx({"MRR@10": 0.25, "MAP": 0.25})
+
+
+def test_ties_are_broken_by_docid_descending_like_trec_eval():
+    import pytrec_eval
+
+    assert evaluate({"q": {"a": 1.0, "b": 1.0}}, {"q": {"a": 1}}, ["MRR@10"]).aggregate["MRR@10"] == 0.5
+    assert evaluate({"q": {"a": 1.0, "b": 1.0}}, {"q": {"b": 1}}, ["MRR@10"]).aggregate["MRR@10"] == 1.0
+    # On a random run full of ties, our MRR equals trec_eval's recip_rank query by query.
+    rng = np.random.default_rng(7)
+    run = {f"q{q}": {f"d{d}": float(rng.integers(0, 4)) for d in range(30)} for q in range(50)}
+    qrels = {qid: {f"d{d}": 1 for d in rng.choice(30, size=2, replace=False)} for qid in run}
+    ours = evaluate(run, qrels, ["MRR"]).per_query["MRR"]
+    theirs = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"}).evaluate(run)
+    assert ours == pytest.approx({qid: values["recip_rank"] for qid, values in theirs.items()})
+
+
+def test_evaluate_reads_files(tmp_path):
+    qrels_path = tmp_path / "qrels.txt"
+    qrels_path.write_text("".join(f"{qid} 0 {docid} {grade}\n" for qid, docs in QRELS.items()
+                                  for docid, grade in docs.items()))
+    run_path = tmp_path / "run.trec"
+    write_run(run_path, [(qid, [RerankedHit(docid, score) for docid, score in
+                                sorted(docs.items(), key=lambda item: -item[1])]) for qid, docs in RUN.items()])
+    assert evaluate(run_path, qrels_path).aggregate == pytest.approx(evaluate(RUN, QRELS).aggregate)
+
+
+def test_evaluate_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="unknown metric 'MRR@ten'"):
+        evaluate(RUN, QRELS, ["MRR@ten"])
+    with pytest.raises(ValueError, match="no document with relevance >= 1"):
+        evaluate(RUN, {"q4": {"d7": 0}})
+    with pytest.raises(ValueError, match="at least 1"):
+        canonical_metric_name("nDCG@0")
+
+
+@pytest.mark.parametrize("name, canonical", [
+    ("mrr@10", "MRR@10"), ("NDCG@10", "nDCG@10"), ("ndcg_cut.10", "nDCG@10"), ("map", "MAP"), ("recall@1000", "R@1000"),
+    ("recall_100", "R@100"), ("p@5", "P@5"), ("bpref", "bpref"), ("success_10", "success_10"),
+])
+def test_canonical_metric_names(name, canonical):
+    assert canonical_metric_name(name) == canonical
+
+
+# ------------------------------------------------------------------------------------------------ paired tests
+
+
+def test_non_inferiority_accepts_a_close_candidate_and_rejects_a_worse_one():
+    rng = np.random.default_rng(0)
+    baseline = rng.uniform(0.2, 1.0, size=200)
+    close = baseline + rng.normal(0.0, 0.01, size=200)
+    worse = 0.8 * baseline + rng.normal(0.0, 0.01, size=200)
+    accepted = non_inferiority(baseline, close, margin=0.02)
+    rejected = non_inferiority(baseline, worse, margin=0.05)
+    assert accepted.non_inferior and accepted.p_value < 1e-6 and accepted.statistic < 0
+    assert accepted.verdict == "non-inferior"
+    assert not rejected.non_inferior and rejected.p_value > 0.99
+    assert rejected.verdict == "not shown non-inferior"
+    assert accepted.num_queries == 200 and accepted.baseline_mean == pytest.approx(baseline.mean())
+
+
+def test_non_inferiority_statistic_by_hand_and_margin_matters():
+    rng = np.random.default_rng(1)
+    baseline = rng.uniform(0.1, 1.0, size=40)
+    candidate = 0.97 * baseline  # loses exactly 3% on every query
+    for margin, expected in ((0.02, False), (0.05, True)):
+        differences = (baseline - candidate) - margin * baseline  # H0: mean ≥ 0
+        assert differences.mean() == pytest.approx((baseline - candidate).mean() - margin * baseline.mean())
+        t = differences.mean() / (differences.std(ddof=1) / math.sqrt(len(differences)))
+        result = non_inferiority(baseline, candidate, margin=margin)
+        assert result.statistic == pytest.approx(t)
+        assert result.p_value == pytest.approx(stats.t.cdf(t, df=len(differences) - 1))
+        assert result.non_inferior is expected
+
+
+def test_non_inferiority_pairs_mappings_by_qid():
+    baseline = {"a": 0.5, "b": 1.0, "c": 0.2, "d": 0.9}
+    candidate = {"d": 0.88, "c": 0.25, "b": 0.97, "a": 0.5}  # another order
+    by_qid = non_inferiority(baseline, candidate)
+    by_position = non_inferiority([0.5, 1.0, 0.2, 0.9], [0.5, 0.97, 0.25, 0.88])
+    assert by_qid.p_value == pytest.approx(by_position.p_value)
+    with pytest.raises(ValueError, match="different queries"):
+        non_inferiority(baseline, {"a": 0.5})
+
+
+def test_non_inferiority_degenerate_inputs():
+    identical_constant = non_inferiority([0.5] * 5, [0.5] * 5, margin=0.02)  # zero variance: certain
+    assert identical_constant.non_inferior and identical_constant.p_value == 0.0
+    single = non_inferiority([0.5], [0.4])
+    assert math.isnan(single.p_value) and not single.non_inferior
+
+
+def test_paired_t_test_matches_scipy():
+    rng = np.random.default_rng(2)
+    first, second = rng.uniform(size=30), rng.uniform(size=30)
+    expected = stats.ttest_rel(first, second)
+    result = paired_t_test(first, second)
+    assert result.statistic == pytest.approx(expected.statistic)
+    assert result.p_value == pytest.approx(expected.pvalue)
+    assert result.mean_difference == pytest.approx((first - second).mean())
+    greater = paired_t_test(first, second, alternative="greater")
+    assert greater.p_value == pytest.approx(stats.ttest_rel(first, second, alternative="greater").pvalue)
+
+
+# ------------------------------------------------------------------------------------------------------ tables
+
+
+def test_format_metrics_table():
+    table = format_metrics_table([("BM25", {"MRR@10": 0.18739, "queries": "6980/6980"}),
+                                  ("MORES", {"MRR@10": 0.34561, "queries": "6980/6980"})])
+    assert table == ("run    MRR@10    queries\n"
+                     "BM25   0.1874  6980/6980\n"
+                     "MORES  0.3456  6980/6980")
+    result = evaluate(RUN, QRELS, ["MRR@10"])
+    assert format_metrics_table([("x", result)], digits=3) == "run  MRR@10  queries\nx     0.167      2/3"
+    assert format_metrics_table([("x", {"a": float("nan")})]) == "run  a\nx    -"
+
+
+# --------------------------------------------------------------------------------------------------------- CLI
+
+
+@pytest.fixture
+def cli_files(tmp_path):
+    qrels = tmp_path / "qrels.txt"
+    qrels.write_text("".join(f"q{i} 0 rel{i} 1\n" for i in range(30)))
+    rng = np.random.default_rng(3)
+
+    def run_file(name: str, relevant_rank) -> Path:
+        path = tmp_path / name
+        results = []
+        for i in range(30):
+            docids = [f"other{j}" for j in range(20)]
+            docids.insert(relevant_rank(i) - 1, f"rel{i}")
+            results.append((f"q{i}", [RerankedHit(docid, 100.0 - rank) for rank, docid in enumerate(docids)]))
+        write_run(path, results)
+        return path
+
+    baseline = run_file("bm25.trec", lambda i: int(rng.integers(1, 4)))
+    better = run_file("mores.trec", lambda i: 1)
+    worse = run_file("bad.trec", lambda i: 15)  # relevant at rank 15: MRR@10 = 0
+    return qrels, baseline, better, worse
+
+
+def test_cli_prints_one_row_per_run(cli_files, capsys):
+    qrels, baseline, better, worse = cli_files
+    assert main(["--qrels", str(qrels), str(better), str(worse), "--metrics", "MRR@10,nDCG@10", "R@100"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["run", "MRR@10", "nDCG@10", "R@100", "queries"]
+    assert lines[1].split() == ["mores.trec", "1.0000", "1.0000", "1.0000", "30/30"]
+    assert lines[2].split()[:2] == ["bad.trec", "0.0000"] and lines[2].split()[3:] == ["1.0000", "30/30"]
+    assert len(lines) == 3
+
+
+def test_cli_non_inferiority_and_json(cli_files, capsys, tmp_path):
+    qrels, baseline, better, worse = cli_files
+    json_path = tmp_path / "out" / "eval.json"
+    assert main(["--qrels", str(qrels), str(better), str(worse), "--baseline", str(baseline),
+                 "--metrics", "nDCG@10", "--json", str(json_path)]) == 0
+    out = capsys.readouterr().out
+    table, comparison = out.split("\n\n")
+    assert [line.split()[0] for line in table.splitlines()] == ["run", "bm25.trec", "mores.trec", "bad.trec"]
+    assert "Non-inferiority vs bm25.trec on MRR@10" in comparison
+    header, better_row, worse_row = comparison.splitlines()[1:]
+    assert header.split() == ["run", "MRR@10", "baseline", "change", "p@2%", "NI@2%", "p@5%", "NI@5%"]
+    assert better_row.split()[0] == "mores.trec" and better_row.split()[5::2] == ["yes", "yes"]
+    assert worse_row.split()[0] == "bad.trec" and worse_row.split()[5::2] == ["no", "no"]
+
+    report = json.loads(json_path.read_text())
+    assert report["baseline"] == "bm25.trec" and report["test_metric"] == "MRR@10"
+    assert report["runs"]["mores.trec"]["aggregate"] == {"nDCG@10": 1.0, "MRR@10": 1.0}
+    assert len(report["runs"]["bad.trec"]["per_query"]["MRR@10"]) == 30
+    tests = report["non_inferiority"]["mores.trec"]
+    assert [test["margin"] for test in tests] == [0.02, 0.05] and all(test["non_inferior"] for test in tests)
+
+
+def test_cli_reports_a_malformed_run_with_its_line(cli_files, capsys, tmp_path):
+    qrels = cli_files[0]
+    broken = tmp_path / "broken.trec"
+    broken.write_text("q0 Q0 rel0 1 1.0 t\nq0 Q0 other 2 oops t\n")
+    assert main(["--qrels", str(qrels), str(broken)]) == 1
+    assert "broken.trec, line 2: score 'oops' is not a number" in capsys.readouterr().err
+
+
+def test_cli_rejects_unknown_metric(cli_files, capsys):
+    qrels, baseline = cli_files[:2]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--qrels", str(qrels), "--metrics", "MRR@10", str(baseline)])  # --metrics swallowed the run
+    assert exit_info.value.code == 2
+    assert "put run files before --metrics" in capsys.readouterr().err

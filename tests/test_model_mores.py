@@ -1,0 +1,354 @@
+"""MORES: forward == Reuse-S1 == Reuse-S2, padding invariance, BERT-weight-assisted init against transformers,
+checkpoints (whole and per module), sidecar fingerprints, fp16 storage and bf16 autocast — on tiny random models."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from pyserini_mores.models import load_model, pad_documents
+from pyserini_mores.models.mores import MoresConfig, MoresModel
+
+QUERY = "what is a text editor"
+OTHER_QUERY = "how do debian packages get installed"
+DOCUMENTS = [
+    "Vim is a highly configurable text editor built to make creating and changing any kind of text efficient.",
+    "apt installs packages.",
+    "Emacs is an extensible, customizable text editor with a Lisp interpreter at its core, and much more.",
+    "The Linux kernel manages hardware, memory and processes.",
+]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models: intra-op threads cost more than they bring on a shared 2-core machine (3x slower here)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def make_model(dims, tokenizer, seed: int = 0, **config) -> MoresModel:
+    """A tiny random MORES whose weights are spread wider than BERT's init, so scores differ clearly between
+    documents and attention is far from uniform (a masking bug then shows)."""
+    torch.manual_seed(seed)
+    model = MoresModel(MoresConfig(encoder=dims, **config), tokenizer)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if parameter.dim() == 2:
+                parameter.normal_(0, 0.3 if "head" not in name else 1.0)
+            elif "norm" not in name:
+                parameter.normal_(0, 0.1)
+    return model.eval()
+
+
+def dims_for(tiny_dims, n_blocks: int):
+    return dataclasses.replace(tiny_dims, num_hidden_layers=max(tiny_dims.num_hidden_layers, n_blocks + 1))
+
+
+def stored_scores(model: MoresModel, query: str, documents: list[str], reuse: str) -> torch.Tensor:
+    model.set_reuse(reuse)
+    reps = model.encode_documents(model.tokenize_documents(documents))
+    assert all(rep.shape[1] == model.store_width for rep in reps)
+    return model.score(model.encode_query(model.tokenize_queries([query])), *pad_documents(reps))
+
+
+@pytest.mark.parametrize("pooling", ["cls", "avg"])
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("n_blocks", [1, 2, 3, 4])
+def test_forward_equals_s1_equals_s2(tokenizer, tiny_dims, n_blocks, tied, pooling):
+    model = make_model(dims_for(tiny_dims, n_blocks), tokenizer, n_interaction_blocks=n_blocks, tied=tied,
+                       pooling=pooling)
+    with torch.no_grad():
+        trained = model(model.tokenize_queries([QUERY] * len(DOCUMENTS)), model.tokenize_documents(DOCUMENTS))
+        s1 = stored_scores(model, QUERY, DOCUMENTS, "s1")
+        s2 = stored_scores(model, QUERY, DOCUMENTS, "s2")
+    assert trained.std() > 0.05  # the documents get clearly different scores
+    torch.testing.assert_close(s1, trained, atol=1e-4, rtol=0)
+    torch.testing.assert_close(s2, trained, atol=1e-4, rtol=0)
+
+
+def test_score_texts_equals_forward(tokenizer, tiny_dims):
+    model = make_model(tiny_dims, tokenizer, n_interaction_blocks=2)
+    with torch.no_grad():
+        trained = model(model.tokenize_queries([QUERY] * len(DOCUMENTS)), model.tokenize_documents(DOCUMENTS))
+    from_text = model.score_texts(QUERY, DOCUMENTS, batch_size=3)  # two batches, each padded on its own
+    torch.testing.assert_close(from_text, trained, atol=1e-4, rtol=0)
+
+
+def test_forward_scores_aligned_pairs_of_different_queries(tokenizer, tiny_dims):
+    model = make_model(tiny_dims, tokenizer, pooling="avg")  # avg pooling also sees the query padding
+    queries = [QUERY, OTHER_QUERY, "vim", OTHER_QUERY]
+    with torch.no_grad():
+        trained = model(model.tokenize_queries(queries), model.tokenize_documents(DOCUMENTS))
+        one_by_one = torch.cat([stored_scores(model, q, [d], "s2") for q, d in zip(queries, DOCUMENTS)])
+    torch.testing.assert_close(one_by_one, trained, atol=1e-4, rtol=0)
+
+
+def test_store_layout(tokenizer, tiny_dims):
+    model = make_model(tiny_dims, tokenizer, n_interaction_blocks=2)
+    batch = model.tokenize_documents(DOCUMENTS)
+    lengths = batch["attention_mask"].sum(1).tolist()
+    model.set_reuse("s1")
+    assert (model.store_width, model.store_variant) == (32, "s1")
+    s1 = model.encode_documents(batch)
+    assert [tuple(rep.shape) for rep in s1] == [(length, 32) for length in lengths]
+    torch.testing.assert_close(s1[0], model.document_module(batch["input_ids"], batch["attention_mask"])[0, :lengths[0]])
+    model.set_reuse("s2")
+    assert (model.store_width, model.store_variant) == (2 * 2 * 32, "s2-k2")
+    s2 = model.encode_documents(batch)
+    assert [tuple(rep.shape) for rep in s2] == [(length, 128) for length in lengths]
+    # [K1 | V1 | K2 | V2]: block 2's values are its value projection of D
+    torch.testing.assert_close(s2[1][:, 96:], model.interaction_module.blocks[1].cross_attention.value(s1[1]))
+    assert model.store_config()["n_interaction_blocks"] == 2
+    model.set_reuse("s1")
+    assert "n_interaction_blocks" not in model.store_config()  # an S1 store does not depend on K
+
+
+@pytest.mark.parametrize("reuse", ["s1", "s2"])
+def test_padding_invariance(tokenizer, tiny_dims, reuse):
+    model = make_model(tiny_dims, tokenizer, pooling="avg", n_interaction_blocks=2)
+    short, long = DOCUMENTS[1], DOCUMENTS[2]
+    with torch.no_grad():
+        alone = stored_scores(model, QUERY, [short], reuse)
+        batched = stored_scores(model, QUERY, [short, long], reuse)
+        trained_batched = model(model.tokenize_queries([QUERY, QUERY]), model.tokenize_documents([short, long]))
+        reps = model.encode_documents(model.tokenize_documents([short]))
+        extra_padding = model.score(model.encode_query(model.tokenize_queries([QUERY])),
+                                    torch.nn.functional.pad(reps[0], (0, 0, 0, 7))[None], torch.tensor([len(reps[0])]))
+    torch.testing.assert_close(batched[0], alone[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(trained_batched[0], alone[0], atol=1e-4, rtol=0)
+    torch.testing.assert_close(extra_padding, alone, atol=1e-5, rtol=0)
+
+
+def test_wrong_store_width_is_refused(tokenizer, tiny_dims):
+    model = make_model(tiny_dims, tokenizer, reuse="s2")
+    state = model.encode_query(model.tokenize_queries([QUERY]))
+    with pytest.raises(ValueError, match="expects 128"):
+        model.score(state, torch.zeros(2, 5, 32), torch.tensor([5, 3]))
+
+
+def test_config_validation(tiny_dims, tokenizer):
+    with pytest.raises(ValueError, match="pooling"):
+        MoresConfig(encoder=tiny_dims, pooling="max")
+    with pytest.raises(ValueError, match="reuse"):
+        MoresConfig(encoder=tiny_dims, reuse="s3")
+    with pytest.raises(ValueError, match="more layers"):
+        MoresConfig(encoder=tiny_dims, n_interaction_blocks=4)
+    config = MoresConfig(encoder=tiny_dims, n_interaction_blocks=3)
+    assert config.n_query_layers == 1 and config.to_dict()["n_query_layers"] == 1
+    with pytest.raises(ValueError, match="n_query_layers"):
+        MoresConfig.from_dict({**config.to_dict(), "n_query_layers": 2})
+
+
+# ---- BERT-weight-assisted initialisation ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def hf_backbone(tmp_path_factory, tokenizer):
+    """A tiny random ``transformers.BertModel`` saved with the MiniLM tokenizer: (directory, model)."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(1)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=256)
+    model = BertModel(config).eval()
+    with torch.no_grad():  # wider than BERT's init, so copies are distinguishable from random weights
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.1)
+    directory = tmp_path_factory.mktemp("hf_bert")
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory, model
+
+
+def _hf_attention(hf_layer) -> dict[str, torch.Tensor]:
+    attention = hf_layer.attention
+    return {"query": attention.self.query.weight, "key": attention.self.key.weight,
+            "value": attention.self.value.weight, "output": attention.output.dense.weight,
+            "norm": attention.output.LayerNorm.weight, "query_bias": attention.self.query.bias,
+            "value_bias": attention.self.value.bias, "norm_bias": attention.output.LayerNorm.bias}
+
+
+def _our_attention(attention) -> dict[str, torch.Tensor]:
+    return {"query": attention.query.weight, "key": attention.key.weight, "value": attention.value.weight,
+            "output": attention.output.weight, "norm": attention.norm.weight, "query_bias": attention.query.bias,
+            "value_bias": attention.value.bias, "norm_bias": attention.norm.bias}
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("n_blocks", [1, 2, 3])
+def test_from_backbone_initialisation(hf_backbone, n_blocks, tied):
+    directory, hf_model = hf_backbone
+    model = MoresModel.from_backbone(directory, n_interaction_blocks=n_blocks, tied=tied)
+    n_query = 4 - n_blocks
+    batch = model.tokenize_queries([QUERY, "vim"])
+    with torch.no_grad():
+        expected = hf_model(**batch, output_hidden_states=True).hidden_states
+        query_states = model.query_module(batch["input_ids"], batch["attention_mask"])
+        doc_states = model.document_module(batch["input_ids"], batch["attention_mask"])
+    real = batch["attention_mask"].bool()
+    torch.testing.assert_close(query_states[real], expected[n_query][real], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(doc_states[real], expected[4][real], atol=1e-5, rtol=1e-5)
+    assert (model.query_module.layers[0] is model.document_module.layers[0]) == tied
+    assert model.query_module.embeddings is not model.document_module.embeddings
+    for index, block in enumerate(model.interaction_module.blocks):
+        hf_layer = hf_model.encoder.layer[n_query + index]
+        for attention in (block.cross_attention, block.self_attention):
+            for name, tensor in _hf_attention(hf_layer).items():
+                assert torch.equal(_our_attention(attention)[name], tensor), name
+        assert torch.equal(block.ffn.intermediate.weight, hf_layer.intermediate.dense.weight)
+        assert block.cross_attention.query.weight is not block.self_attention.query.weight  # a copy, not a tie
+    with torch.no_grad():  # the copies train as separate parameters
+        model.interaction_module.blocks[0].cross_attention.key.weight.add_(1.0)
+    assert not torch.equal(model.interaction_module.blocks[0].self_attention.key.weight,
+                           model.interaction_module.blocks[0].cross_attention.key.weight)
+    assert model.config.backbone == str(directory) and model.config.n_query_layers == n_query
+
+
+def test_from_backbone_random_cross_attention(hf_backbone):
+    directory, hf_model = hf_backbone
+    model = MoresModel.from_backbone(directory, n_interaction_blocks=2, ib_init="random")
+    for index, block in enumerate(model.interaction_module.blocks):
+        hf_attention = _hf_attention(hf_model.encoder.layer[2 + index])
+        assert not torch.equal(block.cross_attention.query.weight, hf_attention["query"])
+        assert not torch.equal(block.cross_attention.key.weight, hf_attention["key"])
+        assert torch.equal(block.self_attention.query.weight, hf_attention["query"])
+        assert block.cross_attention.query.weight.std() < 0.05  # BERT-style N(0, 0.02)
+
+
+def test_from_backbone_needs_more_layers_than_blocks(hf_backbone):
+    with pytest.raises(ValueError, match="n_interaction_blocks=4 needs an encoder with more layers"):
+        MoresModel.from_backbone(hf_backbone[0], n_interaction_blocks=4)
+
+
+# ---- checkpoints -------------------------------------------------------------------------------------------------
+def all_scores(model: MoresModel) -> dict[str, torch.Tensor]:
+    with torch.no_grad():
+        return {
+            "forward": model(model.tokenize_queries([QUERY] * len(DOCUMENTS)), model.tokenize_documents(DOCUMENTS)),
+            "s1": stored_scores(model, QUERY, DOCUMENTS, "s1"),
+            "s2": stored_scores(model, QUERY, DOCUMENTS, "s2"),
+        }
+
+
+@pytest.mark.parametrize("tied, pooling", [(True, "cls"), (False, "avg")])
+def test_save_pretrained_round_trip(tokenizer, tiny_dims, tmp_path, tied, pooling):
+    model = make_model(tiny_dims, tokenizer, tied=tied, pooling=pooling, n_interaction_blocks=2)
+    before = all_scores(model)
+    model.save_pretrained(tmp_path)
+    loaded = load_model("mores", tmp_path)
+    assert isinstance(loaded, MoresModel) and loaded.config == model.config
+    assert (loaded.query_module.layers[1] is loaded.document_module.layers[1]) == tied
+    after = all_scores(loaded)
+    for name in before:
+        assert torch.equal(after[name], before[name]), name
+    assert loaded.fingerprint() == model.fingerprint()
+    s1_loaded = MoresModel.from_pretrained(tmp_path, reuse="s1")
+    assert s1_loaded.store_width == 32 and s1_loaded.store_fingerprint() == (model.set_reuse("s1") or
+                                                                             model.store_fingerprint())
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_separate_module_round_trip(tokenizer, tiny_dims, tmp_path, tied):
+    model = make_model(tiny_dims, tokenizer, tied=tied, n_interaction_blocks=2)
+    before = all_scores(model)
+    model.save_modules(tmp_path / "mores")
+    for name in ("document_module", "query_module", "interaction_module"):
+        assert (tmp_path / "mores" / name / "model.safetensors").is_file()
+    assert not (tmp_path / "mores" / "model.safetensors").exists()
+    # from_pretrained (and so load_model) recognises the module layout too
+    loaded = MoresModel.from_modules(tmp_path / "mores") if tied else load_model("mores", tmp_path / "mores")
+    after = all_scores(loaded)
+    for name in before:
+        assert torch.equal(after[name], before[name]), name
+    assert loaded.fingerprint() == model.fingerprint()
+
+
+def test_modules_can_be_swapped(tokenizer, tiny_dims, tmp_path):
+    """adapt-interaction: a separately fine-tuned interaction module on the original representation modules keeps
+    the S1 sidecar valid (same document module, same S1 fingerprint) and changes the S2 one."""
+    base = make_model(tiny_dims, tokenizer, seed=0)
+    adapted = make_model(tiny_dims, tokenizer, seed=0)
+    with torch.no_grad():
+        for parameter in adapted.interaction_module.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    base.save_modules(tmp_path / "base")
+    adapted.save_modules(tmp_path / "adapted")
+    mixed = MoresModel.from_modules(tmp_path / "base", interaction_module=tmp_path / "adapted" / "interaction_module")
+    expected = all_scores(adapted)
+    for name, scores in all_scores(mixed).items():
+        assert torch.equal(scores, expected[name]), name
+    assert mixed.document_module.state_dict().keys() == base.document_module.state_dict().keys()
+    assert all(torch.equal(a, b) for a, b in zip(mixed.document_module.state_dict().values(),
+                                                 base.document_module.state_dict().values()))
+    with pytest.raises(ValueError, match="holds a MORES document_module"):
+        MoresModel.from_modules(tmp_path / "base", query_module=tmp_path / "adapted" / "document_module")
+
+
+def test_store_fingerprints_follow_what_is_stored(tokenizer, tiny_dims):
+    model = make_model(tiny_dims, tokenizer, n_interaction_blocks=2)
+
+    def fingerprints():
+        return {reuse: (model.set_reuse(reuse) or model.store_fingerprint()) for reuse in ("s1", "s2")}
+
+    original = fingerprints()
+    assert original["s1"] != original["s2"]
+    with torch.no_grad():
+        model.interaction_module.blocks[1].cross_attention.value.weight[0, 0] += 0.5
+    after_kv = fingerprints()
+    assert after_kv["s1"] == original["s1"] and after_kv["s2"] != original["s2"]
+    with torch.no_grad():  # not stored by either: the cross-attention query side, self-attention, head
+        model.interaction_module.blocks[0].cross_attention.query.weight[0, 0] += 0.5
+        model.interaction_module.blocks[0].self_attention.key.weight[0, 0] += 0.5
+        model.interaction_module.head.weight[0, 0] += 0.5
+    assert fingerprints() == after_kv
+    with torch.no_grad():  # tied: training the query module changes the document module, so both stores go stale
+        model.query_module.layers[0].ffn.output.bias[0] += 0.5
+    final = fingerprints()
+    assert final["s1"] != after_kv["s1"] and final["s2"] != after_kv["s2"]
+
+
+# ---- precision -------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("reuse", ["s1", "s2"])
+def test_float16_storage_keeps_ranking(tokenizer, tiny_dims, reuse):
+    """Stored fp16 (the sidecar default): same ranking as fp32 on this fixture, scores within 5e-3 absolute
+    (scores span several units here)."""
+    model = make_model(tiny_dims, tokenizer, n_interaction_blocks=2, reuse=reuse)
+    documents = DOCUMENTS + ["A text editor edits text.", "Debian is an operating system.", "vim vim vim editor"]
+    with torch.no_grad():
+        state = model.encode_query(model.tokenize_queries([QUERY]))
+        docs, lengths = pad_documents(model.encode_documents(model.tokenize_documents(documents)))
+        full = model.score(state, docs, lengths)
+        half = model.score(state, docs.half(), lengths)
+    assert half.dtype == torch.float32
+    assert torch.equal(half.argsort(descending=True), full.argsort(descending=True))
+    torch.testing.assert_close(half, full, atol=5e-3, rtol=0)  # observed ≤ 1.6e-3
+
+
+def test_bfloat16_autocast(tokenizer, tiny_dims):
+    model = make_model(tiny_dims, tokenizer, n_interaction_blocks=2)
+    with torch.no_grad():
+        reference = all_scores(model)
+        state = model.encode_query(model.tokenize_queries([QUERY]))  # fp32 state, scored under autocast
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            autocast = all_scores(model)
+            model.set_reuse("s2")
+            docs, lengths = pad_documents(model.encode_documents(model.tokenize_documents(DOCUMENTS)))
+            mixed = model.score(state, docs.half(), lengths)
+    spread = reference["forward"].abs().max()
+    for name, scores in autocast.items():
+        torch.testing.assert_close(scores.float(), reference[name], atol=0.05 * spread, rtol=0)
+    torch.testing.assert_close(mixed, reference["s2"], atol=0.05 * spread, rtol=0)
+
+
+def test_forward_logits_train_with_pointwise_loss(tokenizer, tiny_dims):
+    from pyserini_mores.models.losses import pointwise_cross_entropy
+
+    model = make_model(tiny_dims, tokenizer, n_interaction_blocks=1).train()
+    queries, documents = model.tokenize_queries([QUERY, QUERY]), model.tokenize_documents(DOCUMENTS[:2])
+    logits = model.forward_logits(queries, documents)
+    assert logits.shape == (2, 2)
+    pointwise_cross_entropy(logits, torch.tensor([1, 0])).backward()
+    assert model.interaction_module.blocks[0].cross_attention.key.weight.grad.abs().sum() > 0
+    assert model.query_module.embeddings.word_embeddings.weight.grad.abs().sum() > 0
+    assert model.document_module.embeddings.word_embeddings.weight.grad.abs().sum() > 0

@@ -1,0 +1,323 @@
+"""PreTTR: the split (stored) execution equals the paper's block-diagonal joint forward, CLS-only last layer,
+compression, padding invariance, checkpoints, the compressor's attention-matching loss, store fingerprints."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pyserini_mores.models import load_model, pad_documents
+from pyserini_mores.models._layers import attention_mask_from_ids, key_padding_mask
+from pyserini_mores.models.prettr import PreTTRConfig, PreTTRModel, PreTTRQueryState, cls_only_layer
+
+QUERY_BLOCK = 12
+DOC_MAX = 32
+QUERY = "text editor for debian"
+QUERIES = ["text editor", "which package manager installs and removes debian packages", "python", "linux kernel"]
+LONG_DOC = " ".join(["the quick brown fox jumps over the lazy dog while the kernel schedules processes"] * 5)
+ATOL = 1e-4
+
+
+@pytest.fixture
+def documents(tiny_documents) -> list[str]:
+    return [doc["contents"] for doc in tiny_documents[:4]]
+
+
+def make_model(dims, tokenizer, join_layer, compression_dim=None, seed=0, **overrides) -> PreTTRModel:
+    torch.manual_seed(seed)
+    values = {"query_max_length": QUERY_BLOCK, "doc_max_length": DOC_MAX, **overrides}
+    config = PreTTRConfig(encoder=dims, join_layer=join_layer, compression_dim=compression_dim, **values)
+    model = PreTTRModel(config, tokenizer)
+    # The default head (std 0.02) gives scores near 0, which would make a 1e-4 tolerance meaningless.
+    torch.nn.init.normal_(model.classifier.weight, std=1.0)
+    torch.nn.init.normal_(model.classifier.bias, std=1.0)
+    return model.eval()
+
+
+def stored_scores(model, query: str, texts: list[str]) -> torch.Tensor:
+    state = model.encode_query(model.tokenize_queries([query]))
+    return model.score(state, *pad_documents(model.encode_documents(model.tokenize_documents(texts))))
+
+
+def assert_spread(scores: torch.Tensor) -> None:
+    """Guard against vacuous equalities: the documents must get clearly different scores."""
+    assert scores.std() > 0.01, scores  # 100x the tolerance
+
+
+@pytest.mark.parametrize("compression_dim", [None, 8])
+@pytest.mark.parametrize("join_layer", [0, 1, 2, 3])
+@torch.no_grad()
+def test_split_execution_equals_block_diagonal_joint_forward(tiny_dims, tokenizer, documents, join_layer,
+                                                             compression_dim):
+    model = make_model(tiny_dims, tokenizer, join_layer, compression_dim)
+    queries = model.tokenize_queries(QUERIES)
+    docs = model.tokenize_documents(documents)
+    reference = model.joint_forward_masked(queries, docs)
+    assert_spread(reference)
+    torch.testing.assert_close(model(queries, docs), reference, rtol=0, atol=ATOL)
+
+    # one query against every candidate, through the store: encode_query once, stored documents, score
+    one_query = model.tokenize_queries([QUERY])
+    reference = model.joint_forward_masked(one_query, docs)
+    assert_spread(reference)
+    torch.testing.assert_close(stored_scores(model, QUERY, documents), reference, rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize("join_layer", [1, 3])
+@torch.no_grad()
+def test_stored_states_are_the_query_independent_layer_l_states_of_the_joint_layout(tiny_dims, tokenizer,
+                                                                                   documents, join_layer):
+    model = make_model(tiny_dims, tokenizer, join_layer)
+    docs = model.tokenize_documents(documents)
+    stored = model.encode_documents(docs)
+    for query in ("x", QUERIES[1]):  # 3 and 12 query-block tokens in use: the offset must not move
+        joined = model.joined_inputs(model.tokenize_queries([query]), docs)
+        states, _ = model._joint_layer_l(joined)
+        for i, rep in enumerate(stored):
+            assert rep.shape == (int(docs["attention_mask"][i].sum()), tiny_dims.hidden_size)
+            torch.testing.assert_close(rep, states[i, QUERY_BLOCK:QUERY_BLOCK + rep.shape[0]], rtol=0, atol=1e-5)
+    assert (joined["position_ids"][0] == torch.arange(joined["input_ids"].shape[1])).all()
+    assert (joined["token_type_ids"][:, :QUERY_BLOCK] == 0).all() and (joined["token_type_ids"][:, QUERY_BLOCK:] == 1).all()
+
+
+@pytest.mark.parametrize("compression_dim", [None, 8])
+@pytest.mark.parametrize("join_layer", [1, 3])
+@torch.no_grad()
+def test_score_of_stored_documents_equals_training_forward(tiny_dims, tokenizer, documents, join_layer,
+                                                           compression_dim):
+    model = make_model(tiny_dims, tokenizer, join_layer, compression_dim)
+    docs = model.tokenize_documents(documents)
+    stored = model.encode_documents(docs)
+    assert all(rep.shape[1] == model.store_width == (compression_dim or tiny_dims.hidden_size) for rep in stored)
+    state = model.encode_query(model.tokenize_queries([QUERY]))
+    assert isinstance(state, PreTTRQueryState) and state.states.shape == (1, QUERY_BLOCK, tiny_dims.hidden_size)
+    scores = model.score(state, *pad_documents(stored))
+    assert_spread(scores)
+    aligned = model(model.tokenize_queries([QUERY] * len(documents)), docs)
+    broadcast = model(model.tokenize_queries([QUERY]), docs)
+    torch.testing.assert_close(scores, aligned, rtol=0, atol=ATOL)
+    torch.testing.assert_close(scores, broadcast, rtol=0, atol=ATOL)
+
+
+@torch.no_grad()
+def test_cls_only_last_layer_equals_the_full_layers_cls_row(tiny_dims, tokenizer):
+    model = make_model(tiny_dims, tokenizer, 3)
+    layer = model.encoder.layers[-1]
+    torch.manual_seed(1)
+    hidden = tiny_dims.hidden_size
+    x = torch.randn(3, 9, hidden)
+    lengths = torch.tensor([9, 5, 2])
+    mask = key_padding_mask(lengths, 9)
+    full = layer(x, mask)[:, 0]
+    torch.testing.assert_close(cls_only_layer(layer, x[:, 0], [(x, mask[:, 0, 0])]), full, rtol=0, atol=1e-5)
+
+    # a batch-1 query block shared by every candidate, followed by per-candidate documents
+    query, query_mask = torch.randn(1, 4, hidden), torch.tensor([[True, True, True, False]])
+    docs, doc_mask = torch.randn(3, 6, hidden), key_padding_mask(torch.tensor([6, 3, 1]), 6)[:, 0, 0]
+    joined = torch.cat([query.expand(3, -1, -1), docs], 1)
+    joined_mask = torch.cat([query_mask.expand(3, -1), doc_mask], 1)
+    full = layer(joined, joined_mask[:, None, None, :])[:, 0]
+    split = cls_only_layer(layer, query[:, 0], [(query, query_mask), (docs, doc_mask)])
+    torch.testing.assert_close(split, full, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("join_layer", [2, 3])
+@torch.no_grad()
+def test_compressed_documents_scored_from_the_store_equal_the_in_graph_compressed_forward(tiny_dims, tokenizer,
+                                                                                         documents, join_layer):
+    model = make_model(tiny_dims, tokenizer, join_layer, compression_dim=8)
+    docs = model.tokenize_documents(documents)
+    stored = model.encode_documents(docs)
+    assert [rep.shape for rep in stored] == [(int(n), 8) for n in docs["attention_mask"].sum(1)]
+    assert all((rep >= -0.2).all() for rep in stored)  # GELU output: the compressed form, not layer-l states
+    padded, lengths = pad_documents(stored)
+    state = model.encode_query(model.tokenize_queries([QUERY]))
+    scores = model.score(state, padded, lengths)
+    torch.testing.assert_close(scores, model(model.tokenize_queries([QUERY]), docs), rtol=0, atol=ATOL)
+    torch.testing.assert_close(scores, model.joint_forward_masked(model.tokenize_queries([QUERY]), docs),
+                               rtol=0, atol=ATOL)
+    # the compressor changes the scores (it is really in the path) ...
+    uncompressed = make_model(tiny_dims, tokenizer, join_layer)
+    assert (uncompressed(model.tokenize_queries([QUERY]), docs) - scores).abs().max() > 1e-2
+    # ... and the sidecar's float16 storage costs little
+    torch.testing.assert_close(model.score(state, padded.half(), lengths), scores, rtol=0, atol=2e-2)
+
+
+@torch.no_grad()
+def test_simulated_fp16_storage_makes_stored_values_exact_in_float16(tiny_dims, tokenizer, documents):
+    model = make_model(tiny_dims, tokenizer, 2, compression_dim=8, simulate_fp16_storage=True)
+    docs = model.tokenize_documents(documents)
+    for rep in model.encode_documents(docs):
+        assert torch.equal(rep.half().float(), rep)
+    padded, lengths = pad_documents(model.encode_documents(docs))
+    state = model.encode_query(model.tokenize_queries([QUERY]))
+    torch.testing.assert_close(model.score(state, padded.half(), lengths), model.score(state, padded, lengths),
+                               rtol=0, atol=1e-6)
+
+
+@torch.no_grad()
+def test_join_layer_zero_is_a_plain_cross_encoder_on_the_joined_layout(tiny_dims, tokenizer, documents):
+    model = make_model(tiny_dims, tokenizer, 0)
+    queries, docs = model.tokenize_queries(QUERIES), model.tokenize_documents(documents)
+    joined = model.joined_inputs(queries, docs)
+    hidden = model.encoder(joined["input_ids"], joined["attention_mask"], joined["token_type_ids"])
+    logits = model.classifier(hidden[:, 0])
+    plain = logits[:, 1] - logits[:, 0]
+    assert_spread(plain)
+    torch.testing.assert_close(model(queries, docs), plain, rtol=0, atol=ATOL)
+
+    # when the query fills its block, the layout is exactly BERT's standard pair encoding
+    query_tokens = len(tokenizer(QUERY)["input_ids"])
+    exact = make_model(tiny_dims, tokenizer, 0, query_max_length=query_tokens)
+    pair = tokenizer([QUERY] * len(documents), documents, truncation="only_second",
+                     max_length=query_tokens + DOC_MAX, padding=True, return_tensors="pt")
+    joined = exact.joined_inputs(exact.tokenize_queries([QUERY]), exact.tokenize_documents(documents))
+    assert torch.equal(joined["input_ids"], pair["input_ids"])
+    assert torch.equal(joined["token_type_ids"] * joined["attention_mask"], pair["token_type_ids"])
+    hidden = exact.encoder(pair["input_ids"], pair["attention_mask"], pair["token_type_ids"])
+    logits = exact.classifier(hidden[:, 0])
+    torch.testing.assert_close(stored_scores(exact, QUERY, documents), logits[:, 1] - logits[:, 0],
+                               rtol=0, atol=ATOL)
+
+
+def test_join_layer_must_leave_a_joint_layer(tiny_dims, tokenizer):
+    with pytest.raises(ValueError, match=r"join_layer=4 equals the number of layers \(4\).*same score"):
+        PreTTRConfig(encoder=tiny_dims, join_layer=4)
+    for bad in (5, -1):
+        with pytest.raises(ValueError, match="0 <= join_layer < 4"):
+            PreTTRConfig(encoder=tiny_dims, join_layer=bad)
+    config = PreTTRConfig(encoder=tiny_dims)
+    assert config.join_layer == 3  # default: L - 1, one CLS-only joint layer
+    with pytest.raises(ValueError, match="exceeds the encoder's 256 positions"):
+        PreTTRConfig(encoder=tiny_dims, query_max_length=16, doc_max_length=250)
+    model = make_model(tiny_dims, tokenizer, 1)
+    with pytest.raises(ValueError, match="without \\[CLS\\]"):
+        model(model.tokenize_queries([QUERY]), model._tokenize(["a document"], DOC_MAX))
+
+
+@torch.no_grad()
+def test_tokenization_follows_the_joint_layout(tiny_dims, tokenizer):
+    model = make_model(tiny_dims, tokenizer, 1)
+    queries = model.tokenize_queries(["x", "a very long query " * 10])
+    assert queries["input_ids"].shape == (2, QUERY_BLOCK)
+    assert (queries["input_ids"][:, 0] == tokenizer.cls_token_id).all()
+    assert queries["input_ids"][1, -1] == tokenizer.sep_token_id
+    docs = model.tokenize_documents(["short one", LONG_DOC])
+    assert docs["input_ids"].shape == (2, DOC_MAX)
+    assert tokenizer.cls_token_id not in docs["input_ids"]
+    lengths = docs["attention_mask"].sum(1)
+    assert lengths[1] == DOC_MAX
+    for i, length in enumerate(lengths):
+        assert docs["input_ids"][i, length - 1] == tokenizer.sep_token_id
+    assert [rep.shape[0] for rep in model.encode_documents(docs)] == lengths.tolist()
+    # a query batch narrower than the block is padded to it (same scores)
+    narrow = tokenizer([QUERY], padding=True, return_tensors="pt")
+    narrow = {"input_ids": narrow["input_ids"], "attention_mask": narrow["attention_mask"]}
+    torch.testing.assert_close(model(narrow, docs), model(model.tokenize_queries([QUERY]), docs), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("compression_dim", [None, 8])
+@pytest.mark.parametrize("join_layer", [1, 3])
+@torch.no_grad()
+def test_scores_do_not_depend_on_padding(tiny_dims, tokenizer, documents, join_layer, compression_dim):
+    model = make_model(tiny_dims, tokenizer, join_layer, compression_dim)
+    state = model.encode_query(model.tokenize_queries([QUERY]))
+    short = documents[0]
+    alone_rep = model.encode_documents(model.tokenize_documents([short]))[0]
+    batch_reps = model.encode_documents(model.tokenize_documents([short, LONG_DOC, documents[1]]))
+    torch.testing.assert_close(batch_reps[0], alone_rep, rtol=0, atol=1e-5)
+    alone = model.score(state, *pad_documents([alone_rep]))
+    in_batch = model.score(state, *pad_documents(batch_reps))
+    assert batch_reps[1].shape[0] > alone_rep.shape[0]
+    torch.testing.assert_close(in_batch[:1], alone, rtol=0, atol=1e-5)
+    # garbage (not zeros) in the padding changes nothing either
+    padded, lengths = pad_documents(batch_reps)
+    noisy = padded + 100.0 * (~key_padding_mask(lengths, padded.shape[1])[:, 0, 0])[:, :, None]
+    torch.testing.assert_close(model.score(state, noisy, lengths), in_batch, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("compression_dim", [None, 8])
+@torch.no_grad()
+def test_save_and_load_round_trip(tiny_dims, tokenizer, documents, tmp_path, compression_dim):
+    model = make_model(tiny_dims, tokenizer, 2, compression_dim)
+    model.save_pretrained(tmp_path)
+    loaded = PreTTRModel.from_pretrained(tmp_path)
+    assert loaded.config == model.config
+    assert loaded.fingerprint() == model.fingerprint()
+    assert loaded.store_fingerprint() == model.store_fingerprint()
+    expected = stored_scores(model, QUERY, documents)
+    assert torch.equal(stored_scores(loaded, QUERY, documents), expected)
+    via_registry = load_model("prettr", tmp_path)
+    assert isinstance(via_registry, PreTTRModel)
+    assert torch.equal(stored_scores(via_registry, QUERY, documents), expected)
+
+
+def test_compressor_pretraining_lowers_attention_mse_and_touches_only_the_compressor(tiny_dims, tokenizer,
+                                                                                    documents):
+    model = make_model(tiny_dims, tokenizer, 2, compression_dim=8)
+    queries, docs = model.tokenize_queries(QUERIES), model.tokenize_documents(documents)
+    with pytest.raises(ValueError, match="needs a compressor"):
+        make_model(tiny_dims, tokenizer, 2).attention_mse_loss(queries, docs)
+    frozen_before = {name: value.clone() for name, value in model.state_dict().items()
+                     if not name.startswith("compressor.")}
+    compressor_before = {name: value.clone() for name, value in model.compressor.state_dict().items()}
+
+    trainable = model.freeze_all_but_compressor()
+    assert {id(p) for p in trainable} == {id(p) for p in model.parameters() if p.requires_grad}
+    assert len(trainable) == 6  # compress, decompress, norm: weight and bias each
+    model.train()
+    optimizer = torch.optim.Adam(trainable, lr=1e-2)
+    with torch.no_grad():
+        initial = model.attention_mse_loss(queries, docs).item()
+    assert initial > 0
+    for _ in range(25):
+        optimizer.zero_grad()
+        loss = model.attention_mse_loss(queries, docs)
+        loss.backward()
+        optimizer.step()
+    assert model.training  # the loss restores the mode it switched off
+    with torch.no_grad():
+        final = model.attention_mse_loss(queries, docs).item()
+    assert final < 0.7 * initial, (initial, final)
+    for name, value in model.state_dict().items():
+        if name in frozen_before:
+            assert torch.equal(value, frozen_before[name]), name
+    assert all(not torch.equal(value, compressor_before[name]) for name, value in model.compressor.state_dict().items())
+
+
+def test_store_fingerprint_covers_exactly_the_lower_layers_and_the_compressing_half(tiny_dims, tokenizer):
+    model = make_model(tiny_dims, tokenizer, 2, compression_dim=8)
+    assert model.store_variant == "l2-e8" and model.store_width == 8
+    assert make_model(tiny_dims, tokenizer, 3).store_variant == "l3-enone"
+    assert make_model(tiny_dims, tokenizer, 3).store_width == tiny_dims.hidden_size
+    store_config = model.store_config()
+    assert store_config["doc_position_offset"] == QUERY_BLOCK and store_config["join_layer"] == 2
+    assert store_config["compression_dim"] == 8 and store_config["doc_max_length"] == DOC_MAX
+
+    def changed(tensor_name: str) -> bool:
+        before = model.store_fingerprint()
+        with torch.no_grad():
+            model.get_parameter(tensor_name).add_(0.01)
+        return model.store_fingerprint() != before
+
+    assert changed("encoder.embeddings.word_embeddings.weight")
+    assert changed("encoder.layers.0.attention.query.weight")
+    assert changed("encoder.layers.1.ffn.output.bias")  # layer l = 2
+    assert changed("compressor.compress.weight")
+    assert not changed("encoder.layers.2.attention.key.weight")  # layer l + 1: runs online
+    assert not changed("encoder.layers.3.ffn.intermediate.weight")
+    assert not changed("compressor.decompress.weight")  # the decompressor lives in the model, not the store
+    assert not changed("compressor.norm.weight")
+    assert not changed("classifier.weight")
+    other_offset = make_model(tiny_dims, tokenizer, 2, compression_dim=8, query_max_length=QUERY_BLOCK + 1)
+    assert other_offset.store_fingerprint() != make_model(tiny_dims, tokenizer, 2, 8).store_fingerprint()
+
+
+@pytest.mark.parametrize("compression_dim", [None, 8])
+@torch.no_grad()
+def test_scoring_under_bfloat16_autocast(tiny_dims, tokenizer, documents, compression_dim):
+    model = make_model(tiny_dims, tokenizer, 3, compression_dim)
+    reference = stored_scores(model, QUERY, documents)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        scores = stored_scores(model, QUERY, documents)
+    assert scores.dtype == torch.float32 and torch.isfinite(scores).all()
+    torch.testing.assert_close(scores, reference, rtol=0, atol=0.1 * reference.abs().max().item())
