@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from pyserini_mores.models import load_model, pad_documents
-from pyserini_mores.models._layers import attention_mask_from_ids, key_padding_mask
+from pyserini_mores.models._layers import key_padding_mask
+from pyserini_mores.models.cross_encoder import CrossEncoder, CrossEncoderConfig, join_pairs
+from pyserini_mores.models.losses import listwise_softmax_cross_entropy
 from pyserini_mores.models.prettr import PreTTRConfig, PreTTRModel, PreTTRQueryState, cls_only_layer
 
 QUERY_BLOCK = 12
@@ -28,8 +30,13 @@ def make_model(dims, tokenizer, join_layer, compression_dim=None, seed=0, **over
     config = PreTTRConfig(encoder=dims, join_layer=join_layer, compression_dim=compression_dim, **values)
     model = PreTTRModel(config, tokenizer)
     # The default head (std 0.02) gives scores near 0, which would make a 1e-4 tolerance meaningless.
-    torch.nn.init.normal_(model.classifier.weight, std=1.0)
-    torch.nn.init.normal_(model.classifier.bias, std=1.0)
+    torch.nn.init.normal_(model.head.weight, std=1.0)
+    torch.nn.init.normal_(model.head.bias, std=1.0)
+    with torch.no_grad():  # LayerNorm's default γ = 1, β = 0 would hide a mishandled scale or shift
+        for module in model.modules():
+            if isinstance(module, torch.nn.LayerNorm):
+                module.weight.add_(0.2 * torch.randn_like(module.weight))
+                module.bias.normal_(std=0.2)
     return model.eval()
 
 
@@ -76,7 +83,8 @@ def test_stored_states_are_the_query_independent_layer_l_states_of_the_joint_lay
             assert rep.shape == (int(docs["attention_mask"][i].sum()), tiny_dims.hidden_size)
             torch.testing.assert_close(rep, states[i, QUERY_BLOCK:QUERY_BLOCK + rep.shape[0]], rtol=0, atol=1e-5)
     assert (joined["position_ids"][0] == torch.arange(joined["input_ids"].shape[1])).all()
-    assert (joined["token_type_ids"][:, :QUERY_BLOCK] == 0).all() and (joined["token_type_ids"][:, QUERY_BLOCK:] == 1).all()
+    segments = joined["token_type_ids"]
+    assert (segments[:, :QUERY_BLOCK] == 0).all() and (segments[:, QUERY_BLOCK:] == 1).all()
 
 
 @pytest.mark.parametrize("compression_dim", [None, 8])
@@ -135,11 +143,35 @@ def test_compressed_documents_scored_from_the_store_equal_the_in_graph_compresse
     torch.testing.assert_close(scores, model(model.tokenize_queries([QUERY]), docs), rtol=0, atol=ATOL)
     torch.testing.assert_close(scores, model.joint_forward_masked(model.tokenize_queries([QUERY]), docs),
                                rtol=0, atol=ATOL)
+    # the decompressor's cached geometry follows in-place weight updates
+    model.compressor.decompress.weight.mul_(1.5)
+    model.compressor.norm.bias.add_(0.3)
+    state = model.encode_query(model.tokenize_queries([QUERY]))  # the query passes the decompressor too (P3)
+    torch.testing.assert_close(model.score(state, padded, lengths), model(model.tokenize_queries([QUERY]), docs),
+                               rtol=0, atol=ATOL)
+    assert (model.score(state, padded, lengths) - scores).abs().max() > 1e-2
+    model.compressor.decompress.weight.div_(1.5)
+    model.compressor.norm.bias.sub_(0.3)
+    state = model.encode_query(model.tokenize_queries([QUERY]))
     # the compressor changes the scores (it is really in the path) ...
     uncompressed = make_model(tiny_dims, tokenizer, join_layer)
     assert (uncompressed(model.tokenize_queries([QUERY]), docs) - scores).abs().max() > 1e-2
     # ... and the sidecar's float16 storage costs little
     torch.testing.assert_close(model.score(state, padded.half(), lengths), scores, rtol=0, atol=2e-2)
+
+
+@pytest.mark.parametrize("join_layer", [1, 3])
+def test_training_forward_reaches_every_weight_that_can_matter(tiny_dims, tokenizer, documents, join_layer):
+    model = make_model(tiny_dims, tokenizer, join_layer, compression_dim=8).train()
+    queries = model.tokenize_queries([QUERIES[0], QUERIES[0], QUERIES[1], QUERIES[1]])
+    scores = model(queries, model.tokenize_documents(documents)).view(2, 2)
+    listwise_softmax_cross_entropy(scores).backward()  # with groups of 2: PreTTR's pairwise softmax loss (P4)
+    missing = {name for name, parameter in model.named_parameters() if parameter.grad is None}
+    # the CLS-only last layer drops the key bias: it adds the same logit to every key, which softmax ignores
+    assert missing == {f"encoder.layers.{tiny_dims.num_hidden_layers - 1}.attention.key.bias"}
+    for name in ("encoder.embeddings.position_embeddings.weight", "encoder.layers.0.attention.query.weight",
+                 "compressor.compress.weight", "compressor.norm.bias", "head.weight"):
+        assert model.get_parameter(name).grad.abs().sum() > 0, name
 
 
 @torch.no_grad()
@@ -160,23 +192,27 @@ def test_join_layer_zero_is_a_plain_cross_encoder_on_the_joined_layout(tiny_dims
     queries, docs = model.tokenize_queries(QUERIES), model.tokenize_documents(documents)
     joined = model.joined_inputs(queries, docs)
     hidden = model.encoder(joined["input_ids"], joined["attention_mask"], joined["token_type_ids"])
-    logits = model.classifier(hidden[:, 0])
+    logits = model.head(hidden[:, 0])
     plain = logits[:, 1] - logits[:, 0]
     assert_spread(plain)
     torch.testing.assert_close(model(queries, docs), plain, rtol=0, atol=ATOL)
 
-    # when the query fills its block, the layout is exactly BERT's standard pair encoding
+    # when the query fills its block, PreTTR at l = 0 is the cross-encoder baseline, token for token
     query_tokens = len(tokenizer(QUERY)["input_ids"])
     exact = make_model(tiny_dims, tokenizer, 0, query_max_length=query_tokens)
-    pair = tokenizer([QUERY] * len(documents), documents, truncation="only_second",
-                     max_length=query_tokens + DOC_MAX, padding=True, return_tensors="pt")
-    joined = exact.joined_inputs(exact.tokenize_queries([QUERY]), exact.tokenize_documents(documents))
-    assert torch.equal(joined["input_ids"], pair["input_ids"])
-    assert torch.equal(joined["token_type_ids"] * joined["attention_mask"], pair["token_type_ids"])
-    hidden = exact.encoder(pair["input_ids"], pair["attention_mask"], pair["token_type_ids"])
-    logits = exact.classifier(hidden[:, 0])
-    torch.testing.assert_close(stored_scores(exact, QUERY, documents), logits[:, 1] - logits[:, 0],
-                               rtol=0, atol=ATOL)
+    cross = CrossEncoder(CrossEncoderConfig(encoder=tiny_dims, query_max_length=query_tokens, doc_max_length=DOC_MAX),
+                         tokenizer).eval()
+    cross.load_state_dict(exact.state_dict())  # strict: the same encoder.* and head.* parameters
+    texts = documents + [LONG_DOC]
+    queries, docs = cross.tokenize_queries([QUERY] * len(texts)), cross.tokenize_documents(texts)
+    cross_ids, _, cross_types = join_pairs(queries["input_ids"], queries["attention_mask"],
+                                           docs["input_ids"], docs["attention_mask"])
+    joined = exact.joined_inputs(exact.tokenize_queries([QUERY]), exact.tokenize_documents(texts))
+    assert torch.equal(joined["input_ids"], cross_ids)
+    assert torch.equal(joined["token_type_ids"] * joined["attention_mask"], cross_types)
+    expected = cross.score_texts(QUERY, texts)
+    assert_spread(expected)
+    torch.testing.assert_close(stored_scores(exact, QUERY, texts), expected, rtol=0, atol=ATOL)
 
 
 def test_join_layer_must_leave_a_joint_layer(tiny_dims, tokenizer):
@@ -202,10 +238,10 @@ def test_tokenization_follows_the_joint_layout(tiny_dims, tokenizer):
     assert (queries["input_ids"][:, 0] == tokenizer.cls_token_id).all()
     assert queries["input_ids"][1, -1] == tokenizer.sep_token_id
     docs = model.tokenize_documents(["short one", LONG_DOC])
-    assert docs["input_ids"].shape == (2, DOC_MAX)
+    assert docs["input_ids"].shape == (2, DOC_MAX - 1)  # doc_max_length counts the dropped [CLS], as elsewhere
     assert tokenizer.cls_token_id not in docs["input_ids"]
     lengths = docs["attention_mask"].sum(1)
-    assert lengths[1] == DOC_MAX
+    assert lengths[1] == DOC_MAX - 1
     for i, length in enumerate(lengths):
         assert docs["input_ids"][i, length - 1] == tokenizer.sep_token_id
     assert [rep.shape[0] for rep in model.encode_documents(docs)] == lengths.tolist()
@@ -307,9 +343,24 @@ def test_store_fingerprint_covers_exactly_the_lower_layers_and_the_compressing_h
     assert not changed("encoder.layers.3.ffn.intermediate.weight")
     assert not changed("compressor.decompress.weight")  # the decompressor lives in the model, not the store
     assert not changed("compressor.norm.weight")
-    assert not changed("classifier.weight")
+    assert not changed("head.weight")
     other_offset = make_model(tiny_dims, tokenizer, 2, compression_dim=8, query_max_length=QUERY_BLOCK + 1)
     assert other_offset.store_fingerprint() != make_model(tiny_dims, tokenizer, 2, 8).store_fingerprint()
+
+
+@torch.no_grad()
+def test_from_backbone_loads_the_offline_minilm(tokenizer, documents):
+    model = PreTTRModel.from_backbone("minilm", compression_dim=64, query_max_length=QUERY_BLOCK,
+                                      doc_max_length=DOC_MAX)
+    assert model.join_layer == model.num_layers - 1 == 5 and not model.training
+    assert model.store_width == 64 and model.config.backbone == "minilm"
+    torch.nn.init.normal_(model.head.weight, std=1.0)  # a fresh head scores ~0: make the comparison meaningful
+    texts = [documents[3], documents[0]]
+    scores = stored_scores(model, "text editor", texts)
+    torch.testing.assert_close(scores, model.score_texts("text editor", texts), rtol=0, atol=ATOL)
+    torch.testing.assert_close(scores, model.joint_forward_masked(model.tokenize_queries(["text editor"]),
+                                                                  model.tokenize_documents(texts)),
+                               rtol=0, atol=ATOL)
 
 
 @pytest.mark.parametrize("compression_dim", [None, 8])

@@ -111,8 +111,9 @@ def test_readers_in_other_processes(sidecar):
     reader = SidecarReader(sidecar, expect_model_fingerprint=FINGERPRINT)
     clone = pickle.loads(pickle.dumps(reader))
     np.testing.assert_array_equal(clone.get(5), reader.get(5))
-    with multiprocessing.get_context("fork").Pool(2) as pool:
-        sums = pool.map(_row_sum, [(reader, row) for row in range(len(DOCIDS))])
+    # spawn, not fork: forking a process that may already run a JVM (other tests start one) can deadlock.
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        sums = pool.map_async(_row_sum, [(reader, row) for row in range(len(DOCIDS))]).get(timeout=120)
     assert sums == [float(reader.get(row).astype(np.float64).sum()) for row in range(len(DOCIDS))]
 
 

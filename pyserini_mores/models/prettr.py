@@ -11,14 +11,16 @@ and [SEP] included, exactly what :meth:`PreTTRModel.tokenize_queries` pads to)::
 
 Document tokens therefore always sit at positions ``Qb + j`` with segment id 1, whatever the query's real length,
 so stored states are query-independent and identical to what training saw. (In SPEC §7 notation, with ``Q = Qb - 2``
-query-token slots, the document starts at position ``Q + 2 = Qb``.) The document side is ``d [SEP]`` without [CLS],
-at most ``config.doc_max_length`` tokens, the trailing [SEP] included.
+query-token slots, the document starts at position ``Q + 2 = Qb``.) Documents are tokenized exactly as our other
+models tokenize them (``[CLS] d [SEP]``, at most ``config.doc_max_length`` WordPieces with the specials, as in the
+cross-encoder and MORES) and the [CLS] is dropped: the stored side is ``d [SEP]``, at most ``doc_max_length - 1``
+tokens. When the query fills its block, the joint sequence is token for token the cross-encoder's input.
 
 Layers ``1..l`` run on the query block and the document separately (exactly the block-diagonal join mask of the
 paper; :meth:`PreTTRModel.joint_forward_masked` is that reference), layers ``l+1..L-1`` run on the joined sequence,
 and layer ``L`` computes only the [CLS] row. The head is ``Linear(n, 2)`` on the final [CLS] with
-``score = logit_1 - logit_0`` (the convention of our cross-encoder baseline; a 2-class cross-entropy on
-``[logit_0, logit_1]`` depends only on that difference, so pointwise and pairwise losses both work on the score).
+``score = logit_1 - logit_0`` (:func:`.losses.ranking_scores`, as in the cross-encoder baseline, whose parameter names
+``encoder.*``/``head.*`` PreTTR shares: a trained cross-encoder's weights load into PreTTR as they are).
 
 The optional compressor (SPEC §3.2, P3) sits on the layer-l output: ``r = GELU(s_l W_c + b_c)`` is stored,
 ``ŝ_l = LayerNorm(r W_d + b_d)`` feeds layer ``l+1``. Query states go through compress→decompress too.
@@ -33,9 +35,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._layers import BertDims, BertEncoder, TransformerLayer, key_padding_mask, load_bert_weights
+from ._layers import BertEncoder, TransformerLayer, key_padding_mask, load_bert_weights
 from .backbones import DEFAULT_BACKBONE, load_backbone
 from .base import RankingConfig, RankingModel
+from .losses import ranking_scores
 
 DOC_SEGMENT_ID = 1
 QUERY_SEGMENT_ID = 0
@@ -56,7 +59,8 @@ class PreTTRConfig(RankingConfig):
         classifier_dropout: dropout on the final [CLS] before the head (P4; active in training only).
         query_max_length: ``Qb``, the fixed length of the query block ``[CLS] q [SEP] <pad>``, specials included.
             Documents start at position ``Qb`` (P1). Changing it invalidates stored documents.
-        doc_max_length: most document tokens stored per document, the trailing [SEP] included (no [CLS]).
+        doc_max_length: document length limit with its own [CLS] and [SEP] (the limit every model applies); the
+            [CLS] is dropped, so at most ``doc_max_length - 1`` tokens (``d [SEP]``) are stored per document.
     """
 
     join_layer: int | None = None
@@ -87,10 +91,11 @@ def validate_config(config: PreTTRConfig) -> None:
         raise ValueError(f"compression_dim must be a positive width or None, got {config.compression_dim}")
     if config.query_max_length < 2:
         raise ValueError(f"query_max_length counts [CLS] and [SEP], so it must be >= 2, got {config.query_max_length}")
-    if config.query_max_length + config.doc_max_length > config.encoder.max_position_embeddings:
+    joined = config.query_max_length + config.doc_max_length - 1  # the document's [CLS] is dropped
+    if joined > config.encoder.max_position_embeddings:
         raise ValueError(
-            f"query_max_length + doc_max_length = {config.query_max_length + config.doc_max_length} exceeds the "
-            f"encoder's {config.encoder.max_position_embeddings} positions"
+            f"query_max_length + doc_max_length - 1 = {joined} exceeds the encoder's "
+            f"{config.encoder.max_position_embeddings} positions"
         )
 
 
@@ -125,15 +130,51 @@ class Compressor(nn.Module):
     def forward(self, states: torch.Tensor) -> torch.Tensor:
         return self.decode(self.encode(states))
 
+    def decoder_geometry(self) -> "DecoderGeometry":
+        """The decompressor rewritten for :class:`CompressedTokenBlock` (float32). Cached while gradients are off,
+        keyed on the weights' version counters, so in-place updates (optimiser steps, loading) invalidate it."""
+        tensors = (self.decompress.weight, self.decompress.bias, self.norm.weight, self.norm.bias)
+        key = tuple((t.data_ptr(), t._version, t.device, t.dtype) for t in tensors)
+        cached = getattr(self, "_geometry_cache", None)
+        if not torch.is_grad_enabled() and cached is not None and cached[0] == key:
+            return cached[1]
+        weight, bias = self.decompress.weight.float(), self.decompress.bias.float()
+        centred_weight = weight - weight.mean(0, keepdim=True)  # C [n, e]: LayerNorm's mean removed up front
+        centred_bias = bias - bias.mean()
+        q_factor, r_factor = torch.linalg.qr(centred_weight)
+        projected_bias = q_factor.transpose(0, 1) @ centred_bias
+        geometry = DecoderGeometry(
+            centred_weight, centred_bias, r_factor, projected_bias,
+            (centred_bias - q_factor @ projected_bias).square().sum(),
+            self.norm.weight.float(), self.norm.bias.float(), self.norm.eps,
+        )
+        if not torch.is_grad_enabled():
+            self._geometry_cache = (key, geometry)
+        return geometry
+
+
+class DecoderGeometry(NamedTuple):
+    """``LayerNorm(W_d r + b_d)`` as ``γ ∘ (C r + c)/σ + β``; see :class:`CompressedTokenBlock`."""
+
+    centred_weight: torch.Tensor  # C [n, e]
+    centred_bias: torch.Tensor  # c [n]
+    r_factor: torch.Tensor  # R [e, e] of C = QR
+    projected_bias: torch.Tensor  # Qᵀc [e]
+    residual: torch.Tensor  # ‖c − QQᵀc‖² []
+    gamma: torch.Tensor
+    beta: torch.Tensor
+    eps: float
+
 
 class PreTTRModel(RankingModel):
     """PreTTR on a BERT-family encoder. See the module docstring for the layout and what is stored.
 
-    Example:
-        >>> model = PreTTRModel.from_backbone("minilm", join_layer=5, compression_dim=128)  # doctest: +SKIP
-        >>> docs = model.encode_documents(model.tokenize_documents(["apt installs packages."]))  # offline
-        >>> state = model.encode_query(model.tokenize_queries(["debian package manager"]))  # once per query
-        >>> model.score(state, *pad_documents(docs))  # [1]
+    Example::
+
+        model = PreTTRModel.from_backbone("minilm", join_layer=5, compression_dim=128)
+        docs = model.encode_documents(model.tokenize_documents(["apt installs packages."]))  # offline: [len, 128]
+        state = model.encode_query(model.tokenize_queries(["debian package manager"]))  # once per query
+        scores = model.score(state, *pad_documents(docs))  # [1]
     """
 
     model_type = "prettr"
@@ -151,9 +192,9 @@ class PreTTRModel(RankingModel):
             if config.compression_dim else None
         )
         self.dropout = nn.Dropout(config.classifier_dropout)
-        self.classifier = nn.Linear(dims.hidden_size, 2)
-        nn.init.normal_(self.classifier.weight, std=0.02)
-        nn.init.zeros_(self.classifier.bias)
+        self.head = nn.Linear(dims.hidden_size, 2)  # same name and shape as the cross-encoder's head
+        nn.init.normal_(self.head.weight, std=0.02)
+        nn.init.zeros_(self.head.bias)
 
     @classmethod
     def from_backbone(cls, backbone: str = DEFAULT_BACKBONE, **config_overrides) -> "PreTTRModel":
@@ -213,8 +254,9 @@ class PreTTRModel(RankingModel):
         return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
 
     def tokenize_documents(self, texts: list[str]) -> dict:
-        """``d [SEP]`` (no [CLS]), at most ``doc_max_length`` tokens, right-padded: ``[B, Ld]`` tensors."""
-        batch = self.tokenizer(list(texts), max_length=self.config.doc_max_length + 1, truncation=True,
+        """``d [SEP]`` (the tokenizer's [CLS] dropped), at most ``doc_max_length - 1`` tokens, right-padded:
+        ``input_ids``/``attention_mask`` ``[B, Ld]``."""
+        batch = self.tokenizer(list(texts), max_length=self.config.doc_max_length, truncation=True,
                                padding=True, return_tensors="pt")
         input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
         if not bool((input_ids[:, 0] == self.tokenizer.cls_token_id).all()):
@@ -272,25 +314,25 @@ class PreTTRModel(RankingModel):
     def _joint_score(self, query_states: torch.Tensor, query_mask: torch.Tensor, doc_states: torch.Tensor,
                      doc_mask: torch.Tensor) -> torch.Tensor:
         """``[B]`` scores from layer-l (decompressed) states: query ``[1|B, Qb, n]``, documents ``[B, Ld, n]``."""
-        batch = doc_states.shape[0]
         doc_states = doc_states.to(query_states.dtype)
-        if query_states.shape[0] not in (1, batch):
-            raise ValueError(f"a query state of batch {query_states.shape[0]} cannot score {batch} documents")
+        self._check_batches(query_states, doc_states)
         if self.join_layer == self.num_layers - 1:
             # The last layer is the first joint one: the query block stays batch-1 (never copied per candidate).
-            blocks = [(query_states, query_mask), (doc_states, doc_mask)]
-            cls = query_states[:, 0]
-        else:
-            x = torch.cat([query_states.expand(batch, -1, -1), doc_states], 1)
-            mask = torch.cat([query_mask.expand(batch, -1), doc_mask], 1)
-            x = self.encoder.run_layers(x, mask[:, None, None, :], self.join_layer, self.num_layers - 1)
-            blocks, cls = [(x, mask)], x[:, 0]
-        cls = cls_only_layer(self.encoder.layers[-1], cls, blocks)
-        return self._head(cls)
+            blocks = [TokenBlock(query_states, query_mask), TokenBlock(doc_states, doc_mask)]
+            return self._head(cls_only_layer(self.encoder.layers[-1], query_states[:, 0], blocks))
+        batch = doc_states.shape[0]
+        x = torch.cat([query_states.expand(batch, -1, -1), doc_states], 1)
+        mask = torch.cat([query_mask.expand(batch, -1), doc_mask], 1)
+        x = self.encoder.run_layers(x, mask[:, None, None, :], self.join_layer, self.num_layers - 1)
+        return self._head(cls_only_layer(self.encoder.layers[-1], x[:, 0], [TokenBlock(x, mask)]))
+
+    @staticmethod
+    def _check_batches(query_states: torch.Tensor, docs: torch.Tensor) -> None:
+        if query_states.shape[0] not in (1, docs.shape[0]):
+            raise ValueError(f"a query state of batch {query_states.shape[0]} cannot score {docs.shape[0]} documents")
 
     def _head(self, cls: torch.Tensor) -> torch.Tensor:
-        logits = self.classifier(self.dropout(cls))
-        return (logits[:, 1] - logits[:, 0]).float()
+        return ranking_scores(self.head(self.dropout(cls))).float()
 
     # ---- the contract -----------------------------------------------------------------------------------------------
     def encode_documents(self, doc_batch: dict) -> list[torch.Tensor]:
@@ -307,13 +349,23 @@ class PreTTRModel(RankingModel):
 
     def decompress_documents(self, docs: torch.Tensor) -> torch.Tensor:
         """Stored ``[B, Lmax, store_width]`` → the ``[B, Lmax, n]`` layer-l states layer ``l+1`` consumes."""
-        weight = self.classifier.weight
+        weight = self.head.weight
         docs = docs.to(device=weight.device, dtype=weight.dtype)
         return docs if self.compressor is None else self.compressor.decode(docs)
 
     def score(self, query_state: PreTTRQueryState, docs: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """``[B]`` scores of one query against stored documents ``docs [B, Lmax, store_width]`` (zero-padded)."""
         doc_mask = key_padding_mask(lengths.to(docs.device), docs.shape[1])[:, 0, 0]
+        compressor = self.compressor
+        if (compressor is not None and self.join_layer == self.num_layers - 1
+                and self.config.compression_dim < self.config.encoder.hidden_size):
+            # Only the CLS-only layer follows: attend to the stored codes through the decompressor directly.
+            self._check_batches(query_state.states, docs)
+            weight = compressor.decompress.weight
+            codes = docs.to(device=weight.device, dtype=_compute_dtype(weight))
+            blocks = [TokenBlock(query_state.states, query_state.mask),
+                      CompressedTokenBlock(codes, doc_mask.to(weight.device), compressor)]
+            return self._head(cls_only_layer(self.encoder.layers[-1], query_state.states[:, 0], blocks))
         doc_states = self.decompress_documents(docs)
         return self._joint_score(query_state.states, query_state.mask, doc_states, doc_mask.to(doc_states.device))
 
@@ -323,6 +375,10 @@ class PreTTRModel(RankingModel):
         query_states, query_mask = self._query_layer_l(query_batch)
         doc_states, doc_mask = self._doc_layer_l(doc_batch)
         return self._joint_score(self._roundtrip(query_states), query_mask, self._roundtrip(doc_states), doc_mask)
+
+    def score_texts(self, query: str, documents: list[str]) -> torch.Tensor:
+        """``[len(documents)]`` scores from text, the query encoded once and broadcast."""
+        return self(self.tokenize_queries([query]), self.tokenize_documents(documents))
 
     # ---- the reference path -------------------------------------------------------------------------------------
     def joined_inputs(self, query_batch: dict, doc_batch: dict) -> dict:
@@ -356,7 +412,7 @@ class PreTTRModel(RankingModel):
         block_mask = (same_segment & mask[:, None, :])[:, None]  # [B, 1, T, T]
         return self.encoder.run_layers(x, block_mask, 0, self.join_layer), mask
 
-    # ---- compressor pre-training (SPEC §3.2 stage 1, P5) -------------------------------------------------------------
+    # ---- compressor pre-training (SPEC §3.2 stage 1, P5) ----------------------------------------------------------
     def compressor_parameters(self) -> list[nn.Parameter]:
         if self.compressor is None:
             raise ValueError("this PreTTR model has no compressor (compression_dim=None)")
@@ -411,14 +467,18 @@ class PreTTRModel(RankingModel):
         return probabilities
 
 
-def cls_only_layer(layer: TransformerLayer, cls: torch.Tensor,
-                   blocks: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+def cls_only_layer(
+    layer: TransformerLayer,
+    cls: torch.Tensor,
+    blocks: list[TokenBlock | CompressedTokenBlock | tuple[torch.Tensor, torch.Tensor]],
+) -> torch.Tensor:
     """The [CLS] row of ``layer`` applied to the concatenation of ``blocks`` (the paper's last-layer trick).
 
     Args:
         layer: the last encoder layer.
         cls: ``[1|B, n]`` the [CLS] input state (batch 1 when it is shared by every candidate).
-        blocks: ``(states [1|B, T_i, n], mask [1|B, T_i] bool)`` whose concatenation along tokens is the sequence.
+        blocks: token blocks whose concatenation along tokens is the sequence: :class:`TokenBlock`,
+            :class:`CompressedTokenBlock`, or ``(states [1|B, T_i, n], mask [1|B, T_i] bool)`` tuples.
 
     Returns:
         ``[B, n]``, equal to ``layer(cat(states), mask)[:, 0]``.
@@ -431,31 +491,98 @@ def cls_only_layer(layer: TransformerLayer, cls: torch.Tensor,
     attention = layer.attention
     heads, head_dim = attention.num_heads, attention.head_dim
     hidden = cls.shape[-1]
-    batch = max([cls.shape[0]] + [states.shape[0] for states, _ in blocks])
+    blocks = [block if isinstance(block, (TokenBlock, CompressedTokenBlock)) else TokenBlock(*block)
+              for block in blocks]
+    batch = max([cls.shape[0]] + [block.batch for block in blocks])
     queries = attention.query(cls).view(-1, heads, head_dim) / math.sqrt(head_dim)  # [Bc, h, dh]
     key_weight = attention.key.weight.view(heads, head_dim, hidden)
     folded = torch.einsum("bhd,hdn->bhn", queries, key_weight.to(queries.dtype))  # [Bc, h, n]
 
     logits = []
-    for states, mask in blocks:
-        if folded.shape[0] == 1:
-            block_logits = torch.matmul(states, folded[0].transpose(0, 1))  # one GEMM: [Bs, T_i, h]
-        else:
-            block_logits = torch.matmul(states, folded.transpose(1, 2))  # [B, T_i, h] (states may broadcast)
-        block_logits = block_logits.masked_fill(~mask[:, :, None], torch.finfo(block_logits.dtype).min)
-        logits.append(block_logits.expand(batch, -1, -1))
-    probabilities = torch.cat(logits, 1).softmax(1)  # [B, T, h]
+    for block in blocks:
+        block_logits = block.logits(folded)  # [Bb, h, T_i]
+        block_logits = block_logits.masked_fill(~block.mask[:, None, :], torch.finfo(block_logits.dtype).min)
+        logits.append(block_logits.float().expand(batch, -1, -1))
+    probabilities = torch.cat(logits, -1).softmax(-1)  # [B, h, T]
     probabilities = F.dropout(probabilities, attention.attention_dropout, attention.training)
 
-    pooled, start = 0, 0  # pooled: [B, h, n], the attention-weighted sum of the (unprojected) states
-    for states, _ in blocks:
-        block_probabilities = probabilities[:, start:start + states.shape[1]].transpose(1, 2)  # [B, h, T_i]
-        start += states.shape[1]
-        states = states[0] if states.shape[0] == 1 else states
-        pooled = pooled + torch.matmul(block_probabilities, states.to(block_probabilities.dtype))
+    pooled, start = 0, 0  # [B, h, n]: the attention-weighted sum of the (unprojected) token states
+    for block in blocks:
+        pooled = pooled + block.pool(probabilities[:, :, start:start + block.length])
+        start += block.length
     value_weight = attention.value.weight.view(heads, head_dim, hidden)
     context = torch.einsum("bhn,hdn->bhd", pooled, value_weight.to(pooled.dtype))
-    context = context + attention.value.bias.view(heads, head_dim) * probabilities.sum(1)[:, :, None]
+    context = context + attention.value.bias.view(heads, head_dim) * probabilities.sum(-1)[:, :, None]
     context = context.reshape(batch, heads * head_dim)
     attended = attention.norm(cls + attention.dropout(attention.output(context)))
     return layer.ffn(attended)
+
+
+def _compute_dtype(tensor: torch.Tensor) -> torch.dtype:
+    """The dtype matrix products run in: the autocast dtype when autocast is on, else the tensor's own."""
+    device = tensor.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else tensor.dtype
+
+
+class TokenBlock:
+    """Token states ``[1|B, T, n]`` with their mask ``[1|B, T]``, as seen by :func:`cls_only_layer`."""
+
+    def __init__(self, states: torch.Tensor, mask: torch.Tensor):
+        self.states = states.to(_compute_dtype(states))  # cast once, not once per product
+        self.mask = mask
+        self.batch, self.length = states.shape[0], states.shape[1]
+
+    def logits(self, folded: torch.Tensor) -> torch.Tensor:
+        """``[Bb, h, T]`` attention logits for head-folded [CLS] queries ``folded [1|B, h, n]``."""
+        folded = folded.to(self.states.dtype)
+        if folded.shape[0] == 1:
+            return torch.matmul(self.states, folded[0].transpose(0, 1)).transpose(1, 2)  # one GEMM
+        return torch.matmul(folded, self.states.transpose(1, 2))
+
+    def pool(self, probabilities: torch.Tensor) -> torch.Tensor:
+        """``Σ_j p_hj s_j``: ``[B, h, T]`` → ``[B, h, n]``."""
+        states = self.states[0] if self.batch == 1 else self.states
+        return torch.matmul(probabilities.to(states.dtype), states)
+
+
+class CompressedTokenBlock:
+    """Stored compressed states ``r [B, T, e]`` seen through the decompressor ``ŝ = LayerNorm(W_d r + b_d)``
+    without ever materialising ``ŝ`` at width ``n``.
+
+    With ``C = W_d`` centred over its output rows, ``c = b_d`` centred, and ``C = QR`` (reduced QR):
+    ``ŝ_j = γ ∘ (C r_j + c) / σ_j + β`` with ``σ_j² = (‖R r_j + Qᵀc‖² + ‖c − QQᵀc‖²) / n + ε``. Logits and the
+    attention-weighted sums are then taken in the ``e``-dimensional space, so the per-token cost is ``e² + 2·e·h``
+    instead of the ``e·n + 2·n·h`` of decompressing first (worth it when ``e < n``).
+    """
+
+    def __init__(self, codes: torch.Tensor, mask: torch.Tensor, compressor: Compressor):
+        geometry = compressor.decoder_geometry()
+        self.centred_weight, self.centred_bias = geometry.centred_weight, geometry.centred_bias
+        self.gamma, self.beta = geometry.gamma, geometry.beta
+        self.codes = codes.to(_compute_dtype(codes))
+        batch, length, width = codes.shape
+        whitened = torch.addmm(geometry.projected_bias.to(self.codes.dtype), self.codes.reshape(-1, width),
+                               geometry.r_factor.transpose(0, 1).to(self.codes.dtype))  # R r_j + Qᵀc
+        norms = torch.linalg.vector_norm(whitened, dim=-1, dtype=torch.float32).view(batch, length)
+        variance = (norms.square() + geometry.residual) / self.centred_weight.shape[0]
+        self.inverse_sigma = torch.rsqrt(variance + geometry.eps)  # [B, T]
+        self.mask = mask
+        self.batch, self.length = batch, length
+
+    def logits(self, folded: torch.Tensor) -> torch.Tensor:
+        folded = folded.float()
+        scaled = folded * self.gamma  # [Bc, h, n]
+        code_query = (scaled @ self.centred_weight).to(self.codes.dtype)  # [Bc, h, e]
+        offset = (scaled @ self.centred_bias)[:, :, None]  # [Bc, h, 1]
+        shift = (folded @ self.beta)[:, :, None]
+        if code_query.shape[0] == 1:
+            raw = torch.matmul(self.codes, code_query[0].transpose(0, 1)).transpose(1, 2)  # [B, h, T]
+        else:
+            raw = torch.matmul(code_query, self.codes.transpose(1, 2))
+        return (raw.float() + offset) * self.inverse_sigma[:, None, :] + shift
+
+    def pool(self, probabilities: torch.Tensor) -> torch.Tensor:
+        weights = probabilities * self.inverse_sigma[:, None, :]  # [B, h, T]
+        code_sums = torch.matmul(weights.to(self.codes.dtype), self.codes).float()  # [B, h, e]
+        centred = code_sums @ self.centred_weight.transpose(0, 1) + weights.sum(-1)[:, :, None] * self.centred_bias
+        return self.gamma * centred + self.beta * probabilities.sum(-1)[:, :, None]

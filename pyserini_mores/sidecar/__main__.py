@@ -50,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         result = run_build(args)
         return result if isinstance(result, int) else 0
-    except SidecarError as error:
+    except (SidecarError, FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 

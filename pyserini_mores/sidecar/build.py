@@ -38,7 +38,7 @@ def define_build_args(parser: argparse.ArgumentParser) -> None:
 def run_build(args: argparse.Namespace) -> int:
     from .._cli import parse_model_args
     from ..index import open_searcher, resolve_index
-    from ..rerankers import get_reranker
+    from ..rerankers import LEARNED_RERANKERS, get_reranker
     from ..search.searcher import default_sidecar_path
 
     if not args.reranker:
@@ -46,7 +46,8 @@ def run_build(args: argparse.Namespace) -> int:
     overrides = parse_model_args(args.model_arg)
     if args.max_length:
         overrides["doc_max_length"] = args.max_length
-    reranker = get_reranker(args.reranker, model=args.model, **overrides)
+    learned = args.reranker in LEARNED_RERANKERS or args.model or overrides
+    reranker = get_reranker(args.reranker, model=args.model, **overrides) if learned else get_reranker(args.reranker)
     model = getattr(reranker, "model", None)
     if model is None or model.store_width is None:
         raise SystemExit(f"error: reranker '{args.reranker}' stores no document representations; "
