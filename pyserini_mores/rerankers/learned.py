@@ -78,7 +78,8 @@ class ModelReranker(Reranker):
         order = np.argsort(self.sidecar.lengths(rows), kind="stable")
         for start in range(0, len(order), self.batch_size):
             chunk = order[start:start + self.batch_size]
-            docs, lengths = self.sidecar.get_batch(rows[chunk])
+            # Under bf16 the stored rows go straight to bf16: no fp32 copy of the candidates is ever made.
+            docs, lengths = self.sidecar.get_batch(rows[chunk], dtype=PRECISIONS[self.precision] or torch.float32)
             scores[torch.from_numpy(chunk)] = model.score(query_state, docs, lengths).float()
         return scores
 

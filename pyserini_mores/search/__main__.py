@@ -33,6 +33,12 @@ def define_search_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sidecar", default=None, help="sidecar directory (default: beside the index)")
     parser.add_argument("--rerank-depth", type=int, default=1000, help="BM25 hits reranked per query")
     parser.add_argument("--rerank-batch-size", type=int, default=250, help="candidates scored per model batch")
+    parser.add_argument("--time-budget-ms", type=float, default=None, metavar="B",
+                        help="per-query rerank time budget in ms (BM25 excluded): rerank the deepest depth <= "
+                             "--rerank-depth whose cost, measured once on this machine and cached, fits B; "
+                             "0 = BM25 order")
+    parser.add_argument("--recalibrate", action="store_true",
+                        help="with --time-budget-ms: measure the reranker's cost again instead of using the cache")
     parser.add_argument("--qrels", help="qrels file or Pyserini qrels name: print BM25 and reranked metrics")
     parser.add_argument("--max-queries", type=int, default=None, help="only the first N topics")
     parser.add_argument("--examples", type=int, default=None, help="queries to show with their top results")
@@ -85,8 +91,11 @@ def run_search(args: argparse.Namespace) -> int:
     if reranker_name != "bm25":
         reranker_kwargs = {"model": model, "batch_size": args.rerank_batch_size, "precision": args.precision,
                            **overrides}
+    if args.time_budget_ms is not None and not args.time_budget_ms >= 0:
+        raise ValueError("--time-budget-ms must be >= 0")
     searcher = RerankingSearcher(index, reranker_name, k1=args.k1, b=args.b, rerank_depth=args.rerank_depth,
-                                 sidecar=args.sidecar or "auto", require_sidecar=not embedded, **reranker_kwargs)
+                                 sidecar=args.sidecar or "auto", require_sidecar=not embedded,
+                                 time_budget_ms=args.time_budget_ms, **reranker_kwargs)
     if embedded and getattr(searcher.reranker, "model", None) is not None and searcher.sidecar_path is None \
             and searcher.reranker.model.store_width is not None:
         ensure_sample_sidecar(sample, searcher.reranker)
@@ -94,6 +103,10 @@ def run_search(args: argparse.Namespace) -> int:
     print(f"Index: {searcher.index.path} ({searcher.num_docs} documents), BM25 k1={searcher.k1} b={searcher.b}; "
           f"reranker: {searcher.reranker.name}"
           + (f", sidecar {searcher.sidecar_path}" if searcher.sidecar_path else ""))
+    budgeted = args.time_budget_ms is not None and 0 < args.time_budget_ms < float("inf") and args.rerank_depth
+    if budgeted:  # calibrated now, after the sidecar is attached, so that no query's time includes it
+        calibration = searcher.calibrate(recalibrate=args.recalibrate)
+        print(f"Time budget {args.time_budget_ms:g} ms/query; calibrated cost {calibration.describe()}")
 
     results, bm25_results, rerank_ms = search_topics(searcher, topics, args, with_bm25=qrels is not None)
     if args.output:
@@ -103,6 +116,10 @@ def run_search(args: argparse.Namespace) -> int:
     if rerank_ms:
         print(f"Rerank time per query ({args.rerank_depth} candidates at most): median "
               f"{statistics.median(rerank_ms):.1f} ms over {len(rerank_ms)} queries")
+    if args.time_budget_ms is not None and searcher.chosen_depths:
+        depths = list(searcher.chosen_depths.values())
+        print(f"Rerank depth under the {args.time_budget_ms:g} ms budget: median {statistics.median(depths):g}, "
+              f"mean {statistics.fmean(depths):.1f}, range {min(depths)}-{max(depths)}")
     if qrels is not None:
         print_metrics(qrels, {"BM25": bm25_results, searcher.reranker.name: results})
     examples = args.examples if args.examples is not None else (3 if embedded else 0)
@@ -130,6 +147,7 @@ def search_topics(searcher, topics: dict[str, str], args, with_bm25: bool):
                 bm25_results[qid] = texts_to_hits(hits_to_texts(hits[:args.hits]))
             started = time.perf_counter()
             results[qid] = searcher._rerank(topics[qid], hits)[:args.hits]
+            searcher.chosen_depths[qid] = searcher.last_depth
             if searcher.reranker.name != "bm25":
                 rerank_ms.append((time.perf_counter() - started) * 1000)
             bar.update(1)

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
+import time
 from pathlib import Path
 
 from ..index import ResolvedIndex, fetch_texts, index_identity, open_searcher, resolve_index
@@ -40,6 +42,12 @@ class RerankingSearcher:
         sidecar: for rerankers that read stored document representations: a path, ``"auto"`` (the default
             location beside the index, if built; else documents are encoded from their text, slowly) or ``None``.
         require_sidecar: fail instead of encoding text when the sidecar is missing.
+        time_budget_ms: rerank-stage budget per query, in ms (BM25 excluded): each query is reranked to the
+            largest depth ``n <= rerank_depth`` whose predicted cost fits (see :mod:`.budget`); 0 keeps the BM25
+            order; ``None`` or ``inf`` reranks ``rerank_depth`` hits as without a budget. The depth chosen is
+            in :attr:`last_depth` (and :attr:`chosen_depths` after :meth:`batch_search`).
+        calibration: the cost model the budget uses; by default measured on first use and cached
+            (:meth:`calibrate`).
 
     Example:
         >>> searcher = RerankingSearcher("indexes/debian", "maxsim", rerank_depth=100)  # doctest: +SKIP
@@ -48,9 +56,12 @@ class RerankingSearcher:
 
     def __init__(self, index: str | os.PathLike | ResolvedIndex, reranker: Reranker | str = "bm25", *,
                  k1: float | None = None, b: float | None = None, rerank_depth: int = 1000,
-                 sidecar: str | os.PathLike | None = "auto", require_sidecar: bool = False, **reranker_kwargs):
+                 sidecar: str | os.PathLike | None = "auto", require_sidecar: bool = False,
+                 time_budget_ms: float | None = None, calibration=None, **reranker_kwargs):
         if rerank_depth < 0:
             raise ValueError("rerank_depth must be >= 0")
+        if time_budget_ms is not None and not time_budget_ms >= 0:
+            raise ValueError(f"time_budget_ms must be >= 0 (or None for no budget), not {time_budget_ms}")
         self.index = index if isinstance(index, ResolvedIndex) else resolve_index(index)
         self.searcher = open_searcher(self.index)
         default_k1, default_b = self.index.default_bm25
@@ -58,6 +69,11 @@ class RerankingSearcher:
         self.b = default_b if b is None else b
         self.searcher.set_bm25(self.k1, self.b)
         self.rerank_depth = rerank_depth
+        self.time_budget_ms = time_budget_ms
+        self.calibration = calibration
+        self.last_depth: int | None = None  # candidates reranked for the last query
+        self.last_rerank_ms: float | None = None  # its rerank-stage time, as the calibration times it
+        self.chosen_depths: dict[str, int] = {}  # qid → depth, for the last batch_search
         self.reranker = get_reranker(reranker, **reranker_kwargs) if isinstance(reranker, str) else reranker
         self.sidecar_path: Path | None = None
         if getattr(self.reranker, "model", None) is not None and self.reranker.model.store_width is not None \
@@ -96,7 +112,11 @@ class RerankingSearcher:
             raise ValueError(f"{len(queries)} queries but {len(qids)} qids")
         depth = max(k, self.rerank_depth)
         bm25 = self.searcher.batch_search(queries, qids, k=depth, threads=threads)
-        return {qid: self._rerank(query, bm25.get(qid, []))[:k] for query, qid in zip(queries, qids)}
+        results, self.chosen_depths = {}, {}
+        for query, qid in zip(queries, qids):
+            results[qid] = self._rerank(query, bm25.get(qid, []))[:k]
+            self.chosen_depths[qid] = self.last_depth
+        return results
 
     def bm25_batch_search(self, queries: list[str], qids: list[str], k: int = 10,
                           threads: int = 1) -> dict[str, list[RerankedHit]]:
@@ -104,15 +124,41 @@ class RerankingSearcher:
         bm25 = self.searcher.batch_search(queries, qids, k=k, threads=threads)
         return {qid: texts_to_hits(hits_to_texts(bm25.get(qid, []))) for qid in qids}
 
+    def calibrate(self, recalibrate: bool = False, **options):
+        """The reranker's cost model on this machine (from the cache, else measured); ``options`` go to
+        :func:`.budget.calibrate`. Kept in :attr:`calibration`."""
+        from .budget import calibrate
+
+        self.calibration = calibrate(self, recalibrate=recalibrate, **options)
+        return self.calibration
+
+    def depth_for(self, num_hits: int) -> int:
+        """How many of ``num_hits`` BM25 hits are reranked under the current :attr:`time_budget_ms`."""
+        budget = self.time_budget_ms
+        if budget is None or math.isinf(budget) or self.rerank_depth == 0:
+            return min(self.rerank_depth, num_hits)
+        if self.calibration is None and budget > 0:
+            self.calibrate()
+        depth = 0 if budget <= 0 else self.calibration.depth_for_budget(budget, self.rerank_depth)
+        return min(depth, num_hits)
+
     def _rerank(self, query: str, hits) -> list[RerankedHit]:
         hits = list(hits)
-        head, tail = hits[:self.rerank_depth], hits[self.rerank_depth:]
-        texts = None
-        if head and self.reranker.needs_text:
-            texts = fetch_texts(self.searcher, [hit.docid for hit in head])
-        candidates = hits_to_texts(head, texts)
-        reranked = texts_to_hits(self.reranker.rerank(Query(query), candidates)) if head else []
+        depth = self.depth_for(len(hits))
+        head, tail = hits[:depth], hits[depth:]
+        started = time.perf_counter()
+        reranked = self._rerank_head(query, head)
+        # With nothing to rerank the rerank stage does not run: 0 ms, not the cost of a function call.
+        self.last_depth, self.last_rerank_ms = len(head), (time.perf_counter() - started) * 1000 if head else 0.0
         return reranked + _below(reranked, texts_to_hits(hits_to_texts(tail)), start_rank=len(head) + 1)
+
+    def _rerank_head(self, query: str, head: list) -> list[RerankedHit]:
+        """The reranked ``head`` hits, best first: the rerank stage a time budget pays for (text fetch when the
+        reranker needs text, query encoding, sidecar reads, scoring, sorting)."""
+        if not head:
+            return []
+        texts = fetch_texts(self.searcher, [hit.docid for hit in head]) if self.reranker.needs_text else None
+        return texts_to_hits(self.reranker.rerank(Query(query), hits_to_texts(head, texts)))
 
     def close(self) -> None:
         self.reranker.close()

@@ -1,0 +1,179 @@
+"""python -m pyserini_mores.budget — sweep per-query rerank time budgets for several rerankers.
+
+For every reranker and budget B (ms), each query is reranked to the deepest depth whose predicted cost fits B (the
+cost model is measured once per reranker on this machine and cached; --recalibrate measures again); the hits below
+keep their BM25 order. Budgets cover the rerank stage only (text fetch, query encoding, sidecar reads, scoring);
+BM25 is excluded. Writes budget_sweep.{tsv,md,json,png} to --output-dir: budget → depth → MRR@10/nDCG@10 and the
+measured median ms/query, and a plot of effectiveness against budget, one line per reranker.
+
+Rerankers are given as NAME or NAME:MODEL, where NAME is a registered reranker (bm25, maxsim, mores, prettr, tk,
+cross-encoder) and MODEL a trained checkpoint directory or a backbone (default: minilm). Learned rerankers that read
+stored representations need their sidecar beside the index (python -m pyserini_mores.sidecar build ...).
+
+Example:
+  python -m pyserini_mores.budget --index indexes/debian --topics queries.dev.tsv --qrels qrels.dev.txt \\
+      --rerankers bm25 maxsim:ckpt/maxsim mores:ckpt/mores-s1 --model-arg mores:reuse=s1 \\
+      --budgets 25 50 100 250 500 1000 --output-dir sweeps/debian
+
+With no --index/--topics/--qrels it runs on the embedded debian-packages sample (its sidecars built on first use).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BUDGETS = (25, 50, 100, 250, 500, 1000)
+
+
+def define_budget_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--index", help="Lucene index directory or Pyserini prebuilt index name "
+                                        "(default: the embedded sample)")
+    parser.add_argument("--topics", help="topics: a `qid<TAB>text` TSV file or a Pyserini topics name")
+    parser.add_argument("--qrels", help="qrels file or Pyserini qrels name")
+    parser.add_argument("--rerankers", nargs="+", default=["bm25", "maxsim"], metavar="NAME[:MODEL]",
+                        help="rerankers to sweep, each NAME or NAME:MODEL (default: bm25 maxsim)")
+    parser.add_argument("--budgets", nargs="+", type=float, default=list(DEFAULT_BUDGETS), metavar="MS",
+                        help="per-query rerank time budgets in ms; 0 = BM25 order, inf = no budget "
+                             f"(default: {' '.join(map(str, DEFAULT_BUDGETS))})")
+    parser.add_argument("--output-dir", required=True, help="where budget_sweep.{tsv,md,json,png} are written")
+    parser.add_argument("--model-arg", action="append", default=[], metavar="[NAME:]KEY=VALUE",
+                        help="model config override, repeatable; with NAME: only for that reranker "
+                             "(e.g. --model-arg mores:reuse=s1), without: for every learned reranker")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                        help="compute precision of the learned rerankers")
+    parser.add_argument("--rerank-depth", type=int, default=1000, help="the deepest rerank depth a budget can buy")
+    parser.add_argument("--rerank-batch-size", type=int, default=250, help="candidates scored per model batch")
+    parser.add_argument("--hits", type=int, default=100, help="hits per query kept for evaluation")
+    parser.add_argument("--k1", type=float, default=None, help="BM25 k1 (default: Pyserini's for the index)")
+    parser.add_argument("--b", type=float, default=None, help="BM25 b (default: Pyserini's for the index)")
+    parser.add_argument("--batch-size", type=int, default=16, help="queries per BM25 batch")
+    parser.add_argument("--threads", type=int, default=1, help="BM25 threads")
+    parser.add_argument("--max-queries", type=int, default=None, help="only the first N topics")
+    parser.add_argument("--recalibrate", action="store_true",
+                        help="measure every reranker's cost again instead of using the cached calibration")
+    parser.add_argument("--save-runs", action="store_true",
+                        help="also write a TREC run per reranker and budget to --output-dir/runs")
+    parser.add_argument("-v", "--verbose", action="store_true")
+
+
+def parse_scoped_model_args(items: list[str]) -> dict[str | None, dict]:
+    """``["reuse=s1", "mores:n_interaction_blocks=2"]`` → ``{None: {"reuse": "s1"}, "mores": {...: 2}}``."""
+    from .._cli import parse_model_args
+
+    scoped: dict[str | None, dict] = {}
+    for item in items:
+        key = item.partition("=")[0]
+        scope, sep, _ = key.partition(":")
+        name, setting = (scope, item[len(scope) + 1:]) if sep else (None, item)
+        scoped.setdefault(name, {}).update(parse_model_args([setting]))
+    return scoped
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pyserini_mores.budget", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    define_budget_args(parser)
+    args = parser.parse_args(argv)
+    if any(not budget >= 0 for budget in args.budgets):
+        parser.error("--budgets are milliseconds >= 0 (or inf)")
+    from .._cli import setup_logging
+
+    setup_logging(args.verbose)
+    try:
+        return run(args, argv)
+    except (FileNotFoundError, ValueError, KeyError) as error:
+        message = error.args[0] if isinstance(error, KeyError) and error.args else error
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+
+
+def run(args: argparse.Namespace, argv: list[str] | None) -> int:
+    from ..search.__main__ import load_qrels, load_topics
+    from .sweep import parse_reranker_specs, run_sweep, write_outputs
+
+    embedded = args.index is None
+    if embedded != (args.topics is None) or (args.index is None) != (args.qrels is None):
+        raise ValueError("--index, --topics and --qrels go together (give none to sweep the embedded sample)")
+    specs = parse_reranker_specs(args.rerankers, parse_scoped_model_args(args.model_arg))
+    sample = None
+    if embedded:
+        from ..search.embedded import prepare_sample
+
+        sample = prepare_sample()
+        index, topics_arg, qrels_arg = sample.index, str(sample.topics), str(sample.qrels)
+    else:
+        index, topics_arg, qrels_arg = args.index, args.topics, args.qrels
+    topics = load_topics(topics_arg)
+    if args.max_queries:
+        topics = dict(list(topics.items())[:args.max_queries])
+    qrels = load_qrels(qrels_arg)
+
+    searchers = {}
+    try:
+        for spec in specs:
+            searchers[spec.display] = open_searcher_for(spec, index, args, sample)
+        first = next(iter(searchers.values()))
+        print(f"Index: {first.index.path} ({first.num_docs} documents), {len(topics)} queries; rerankers: "
+              f"{', '.join(searchers)}; budgets (ms): {' '.join(f'{b:g}' for b in args.budgets)}")
+        settings = {"command": "python -m pyserini_mores.budget " + " ".join(sys.argv[1:] if argv is None else argv),
+                    "index": str(first.index.path), "topics": topics_arg, "qrels": qrels_arg,
+                    "queries": len(topics), "rerank_depth": args.rerank_depth, "hits": args.hits,
+                    "precision": args.precision, "rerank_batch_size": args.rerank_batch_size,
+                    "rerankers": {label: {"name": spec.name, "model": spec.model, "overrides": spec.overrides,
+                                          "sidecar": str(searchers[label].sidecar_path or "")}
+                                  for label, spec in zip(searchers, specs)},
+                    "timed": "rerank stage per query (text fetch if needed, query encoding, sidecar reads, scoring, "
+                             "sorting); BM25 excluded"}
+        result = run_sweep(searchers, topics, qrels, args.budgets, hits=args.hits, batch_size=args.batch_size,
+                           threads=args.threads, recalibrate=args.recalibrate, keep_runs=args.save_runs,
+                           settings=settings)
+    finally:
+        for searcher in searchers.values():
+            searcher.close()
+
+    for label, calibration in result.calibrations.items():
+        print(f"Calibration {label}: {calibration.describe()}")
+    title = f"{first.index.path.name}: {len(topics)} queries, rerank depth ≤ {args.rerank_depth}"
+    paths = write_outputs(result, args.output_dir, title=title)
+    if args.save_runs:
+        write_runs(result, paths["tsv"].parent / "runs")
+    from .sweep import format_markdown
+
+    print(format_markdown(result.rows), end="")
+    print("Written: " + ", ".join(str(path) for path in paths.values()))
+    return 0
+
+
+def open_searcher_for(spec, index, args, sample):
+    """A :class:`RerankingSearcher` for one spec; learned rerankers must find their sidecar (built on first use for
+    the embedded sample)."""
+    from ..search.searcher import RerankingSearcher
+
+    kwargs = {}
+    if spec.name != "bm25":
+        kwargs = {"model": spec.model, "batch_size": args.rerank_batch_size, "precision": args.precision,
+                  **spec.overrides}
+    searcher = RerankingSearcher(index, spec.name, k1=args.k1, b=args.b, rerank_depth=args.rerank_depth,
+                                 require_sidecar=sample is None, **kwargs)
+    model = getattr(searcher.reranker, "model", None)
+    if sample is not None and model is not None and model.store_width is not None and searcher.sidecar_path is None:
+        from ..search.embedded import ensure_sample_sidecar
+
+        ensure_sample_sidecar(sample, searcher.reranker)
+        searcher._attach_sidecar("auto", required=True)
+    return searcher
+
+
+def write_runs(result, directory) -> None:
+    from ..formats import write_run
+
+    for (label, budget), results in result.runs.items():
+        name = f"{label.replace(':', '_').replace('/', '_')}-{budget:g}ms.trec"
+        write_run(directory / name, results, tag=f"pyserini_mores-{label}-{budget:g}ms")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

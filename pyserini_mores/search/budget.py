@@ -1,0 +1,313 @@
+"""Time budgets for reranking: measure what reranking ``n`` candidates costs on this machine, cache it, and choose the
+deepest rerank depth whose predicted cost fits a per-query budget (the TK paper's setting: under a fixed latency, a
+faster reranker can rerank deeper and win).
+
+What is timed is the rerank stage of :class:`~.searcher.RerankingSearcher` for one query, exactly the code a search
+runs: fetching document text from Lucene (only for rerankers that score text), encoding the query, reading the
+candidates' stored representations from the sidecar, scoring them in batches, and sorting. BM25 retrieval is *not*
+timed and not part of the budget: it costs every reranker the same, and Pyserini runs it for many queries at once on
+several threads, so it has no well-defined per-query share.
+
+The cost model is linear, ``fixed_ms + per_candidate_ms * n`` for ``n >= 1`` candidates (and 0 for none), fitted by
+least squares to the median time of several sizes ``n``, after a warm-up.
+"""
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import logging
+import math
+import os
+import platform
+import re
+import socket
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+logger = logging.getLogger(__name__)
+
+CALIBRATION_FORMAT_VERSION = 1
+#: Candidate counts measured, up to the rerank depth (which is always measured too).
+CALIBRATION_SIZES = (1, 10, 25, 50, 100, 250, 500, 1000, 2000, 5000)
+#: Words of a document used as a calibration query: MS MARCO-like query lengths.
+QUERY_WORDS = 6
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A reranker's measured cost per query: ``fixed_ms + per_candidate_ms * n`` ms for ``n >= 1`` candidates.
+
+    Attributes:
+        fixed_ms: per-query cost independent of the candidates (query encoding, setup), ms.
+        per_candidate_ms: cost of each candidate (text fetch or sidecar read, scoring), ms.
+        points: the measurements the model was fitted to: ``(candidates, median ms)``.
+        max_candidates: the largest size the measurement planned for (a cache entry serves rerank depths up to it).
+        key: what the measurement depends on (reranker, model, precision, batch size, threads, machine, index).
+        measured_at: ISO timestamp of the measurement.
+    """
+
+    fixed_ms: float
+    per_candidate_ms: float
+    points: tuple[tuple[int, float], ...] = ()
+    max_candidates: int = 0
+    key: dict[str, Any] = field(default_factory=dict)
+    measured_at: str = ""
+
+    def __post_init__(self):
+        for name in ("fixed_ms", "per_candidate_ms"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, not {value}")
+
+    def predict_ms(self, candidates: int) -> float:
+        """Predicted rerank-stage time (ms) of one query with ``candidates`` candidates."""
+        return 0.0 if candidates <= 0 else self.fixed_ms + self.per_candidate_ms * candidates
+
+    def depth_for_budget(self, budget_ms: float | None, max_depth: int) -> int:
+        """The largest ``n <= max_depth`` whose predicted cost is at most ``budget_ms``.
+
+        ``None`` or ``inf`` → ``max_depth``; a budget below the fixed cost (or 0) → 0: no reranking.
+        """
+        if max_depth <= 0:
+            return 0
+        if budget_ms is None or budget_ms == math.inf:
+            return max_depth
+        if not budget_ms >= 0:
+            raise ValueError(f"the time budget must be >= 0 ms, not {budget_ms}")
+        if budget_ms == 0 or self.fixed_ms > budget_ms:
+            return 0
+        if self.per_candidate_ms == 0:
+            return max_depth
+        depth = min(max_depth, int((budget_ms - self.fixed_ms) / self.per_candidate_ms))
+        # The division rounds; settle the boundary on the prediction itself, so that depth_for_budget and
+        # predict_ms never disagree.
+        while depth > 0 and self.predict_ms(depth) > budget_ms:
+            depth -= 1
+        while depth < max_depth and self.predict_ms(depth + 1) <= budget_ms:
+            depth += 1
+        return depth
+
+    @classmethod
+    def fit(cls, points: Sequence[tuple[int, float]], **fields: Any) -> "Calibration":
+        """Least-squares line through ``(candidates, ms)`` points, constrained to non-negative coefficients."""
+        points = tuple((int(n), float(ms)) for n, ms in points)
+        fixed, per_candidate = _fit_line(points)
+        return cls(fixed_ms=fixed, per_candidate_ms=per_candidate, points=points, **fields)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format_version": CALIBRATION_FORMAT_VERSION, "fixed_ms": self.fixed_ms,
+                "per_candidate_ms": self.per_candidate_ms,
+                "points": [{"candidates": n, "median_ms": ms} for n, ms in self.points],
+                "max_candidates": self.max_candidates, "key": self.key, "measured_at": self.measured_at,
+                "timed": "rerank stage per query (text fetch if needed, query encoding, sidecar reads, scoring, "
+                         "sorting); BM25 excluded"}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "Calibration":
+        if values.get("format_version") != CALIBRATION_FORMAT_VERSION:
+            raise ValueError(f"calibration format {values.get('format_version')!r} is not "
+                             f"{CALIBRATION_FORMAT_VERSION}")
+        return cls(fixed_ms=float(values["fixed_ms"]), per_candidate_ms=float(values["per_candidate_ms"]),
+                   points=tuple((int(p["candidates"]), float(p["median_ms"])) for p in values["points"]),
+                   max_candidates=int(values["max_candidates"]), key=dict(values["key"]),
+                   measured_at=str(values["measured_at"]))
+
+    def describe(self) -> str:
+        return f"{self.fixed_ms:.3g} ms + {self.per_candidate_ms:.3g} ms/candidate"
+
+
+def _fit_line(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
+    if not points:
+        return 0.0, 0.0
+    sizes = [n for n, _ in points]
+    times = [ms for _, ms in points]
+    if len(set(sizes)) == 1:  # no slope to see: charge everything to the candidates (the cautious reading)
+        return 0.0, max(0.0, statistics.fmean(times) / max(sizes[0], 1))
+    mean_n, mean_t = statistics.fmean(sizes), statistics.fmean(times)
+    slope = (sum((n - mean_n) * (t - mean_t) for n, t in points) / sum((n - mean_n) ** 2 for n in sizes))
+    intercept = mean_t - slope * mean_n
+    if slope < 0:  # timing noise on a reranker whose cost does not grow with n
+        return max(0.0, statistics.median(times)), 0.0
+    if intercept < 0:  # a line through the origin instead
+        return 0.0, sum(n * t for n, t in points) / sum(n * n for n in sizes)
+    return intercept, slope
+
+
+# ---------------------------------------------------------------------------------------------------- the cache
+
+
+def calibration_cache_dir() -> Path:
+    """``$PYSERINI_MORES_CACHE/calibration``, else ``~/.cache/pyserini_mores/calibration``."""
+    from .embedded import cache_root
+
+    return cache_root() / "calibration"
+
+
+def machine_identity() -> dict[str, Any]:
+    """Hostname, CPU model, CPU count and architecture: timings are only valid on the machine that made them."""
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            match = re.search(r"^model name\s*:\s*(.+)$", cpuinfo.read(), re.MULTILINE)
+        cpu = match.group(1).strip() if match else cpu
+    except OSError:
+        pass
+    return {"hostname": socket.gethostname(), "cpu": cpu, "cpus": os.cpu_count(), "arch": platform.machine()}
+
+
+def calibration_key(searcher) -> dict[str, Any]:
+    """Everything a searcher's rerank cost depends on: the reranker and its model (whole-model fingerprint),
+    where documents come from (sidecar dtype and width, or text), precision, batch size, torch threads and version,
+    the machine, and the index (its documents' lengths)."""
+    import torch
+
+    from ..index import index_identity
+
+    reranker = searcher.reranker
+    model = getattr(reranker, "model", None)
+    sidecar = getattr(reranker, "sidecar", None)
+    if sidecar is not None:
+        inputs = f"sidecar:{sidecar.dtype}x{sidecar.dim}"
+    else:
+        inputs = "text" if reranker.needs_text else "ids"
+    return {
+        "reranker": reranker.name,
+        "reranker_class": f"{type(reranker).__module__}.{type(reranker).__qualname__}",
+        "model_fingerprint": model.fingerprint() if model is not None else None,
+        "inputs": inputs,
+        "precision": getattr(reranker, "precision", None),
+        "batch_size": getattr(reranker, "batch_size", None),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "index": index_identity(searcher.searcher)["signature"][:16],
+        "machine": machine_identity(),
+    }
+
+
+def _cache_path(cache_dir: Path, key: dict[str, Any]) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    safe_name = re.sub(r"[^A-Za-z0-9_.-]", "_", str(key["reranker"]))
+    return cache_dir / f"{safe_name}-{digest}.json"
+
+
+def calibrate(searcher, *, recalibrate: bool = False, cache_dir: str | os.PathLike | None = None,
+              num_queries: int = 3, repeats: int = 5, time_limit_s: float = 60.0) -> Calibration:
+    """The cost model of ``searcher``'s reranker on this machine: read from the cache, or measured and cached.
+
+    A cache entry is used when its key (:func:`calibration_key`) matches and it was measured up to the searcher's
+    rerank depth (or the index size, if smaller).
+
+    Args:
+        searcher: a :class:`~.searcher.RerankingSearcher` (its reranker, sidecar and index are what is measured).
+        recalibrate: measure even when the cache has an entry (and replace it).
+        cache_dir: default :func:`calibration_cache_dir`.
+        num_queries: calibration queries (the first words of documents spread over the index).
+        repeats: rounds of timings (every size on every query); a size's cost is the median of its
+            ``num_queries * repeats`` timings.
+        time_limit_s: stop measuring larger sizes once this much time is spent (at least two sizes are measured).
+    """
+    cache_dir = Path(cache_dir) if cache_dir is not None else calibration_cache_dir()
+    key = calibration_key(searcher)
+    path = _cache_path(cache_dir, key)
+    wanted = min(searcher.rerank_depth, searcher.num_docs)
+    if not recalibrate and path.is_file():
+        try:
+            cached = Calibration.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        except (ValueError, KeyError, TypeError) as error:
+            logger.warning("ignoring unreadable calibration %s (%s); measuring again", path, error)
+        else:
+            if cached.key == key and cached.max_candidates >= wanted:
+                logger.info("calibration of %s from %s: %s", key["reranker"], path, cached.describe())
+                return cached
+    queries = calibration_queries(searcher, num_queries)
+    points = measure_costs(searcher, queries, calibration_sizes(wanted), repeats=repeats,
+                           time_limit_s=time_limit_s)
+    calibration = Calibration.fit(points, max_candidates=wanted, key=key,
+                                  measured_at=datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
+    logger.info("calibrated %s: %s (%s)", key["reranker"], calibration.describe(),
+                ", ".join(f"{n}: {ms:.1f} ms" for n, ms in points))
+    _write_json_atomically(path, calibration.to_dict())
+    return calibration
+
+
+def _write_json_atomically(path: Path, values: dict) -> None:
+    from ..formats import atomic_writer
+
+    with atomic_writer(path) as stream:
+        stream.write(json.dumps(values, indent=2, sort_keys=True) + "\n")
+
+
+# ------------------------------------------------------------------------------------------------ measurement
+
+
+def calibration_sizes(max_candidates: int) -> list[int]:
+    """Candidate counts to measure: :data:`CALIBRATION_SIZES` below ``max_candidates``, and ``max_candidates``."""
+    if max_candidates <= 0:
+        return []
+    return sorted({n for n in CALIBRATION_SIZES if n < max_candidates} | {max_candidates})
+
+
+def calibration_queries(searcher, count: int) -> list[str]:
+    """``count`` queries made of the first words of documents at evenly spaced rows of the index: deterministic,
+    available for any index, and with BM25 candidates that resemble a real query's."""
+    from ..index import document_text
+
+    num_docs = searcher.num_docs
+    queries = []
+    for i in range(min(count, num_docs)):
+        row = (2 * i + 1) * num_docs // (2 * count)
+        words = re.findall(r"\w+", document_text(searcher.searcher.doc(row)))[:QUERY_WORDS]
+        queries.append(" ".join(words) or "the")
+    return queries
+
+
+def calibration_candidates(searcher, query: str, count: int) -> list:
+    """The BM25 top ``count`` for ``query``, topped up with other documents when BM25 finds fewer."""
+    from ..types import RerankedHit
+
+    hits = [RerankedHit(hit.docid, float(hit.score), int(hit.lucene_docid))
+            for hit in searcher.searcher.search(query, k=count)]
+    seen = {hit.lucene_docid for hit in hits}
+    row = 0
+    while len(hits) < count and row < searcher.num_docs:
+        if row not in seen:
+            hits.append(RerankedHit(searcher.searcher.doc(row).docid(), 0.0, row))
+        row += 1
+    return hits
+
+
+def measure_costs(searcher, queries: list[str], sizes: list[int], *, repeats: int = 5,
+                  time_limit_s: float = 60.0) -> list[tuple[int, float]]:
+    """Median rerank-stage time (ms) of one query for each candidate count in ``sizes`` (ascending).
+
+    One untimed warm-up run first (loads pages of the sidecar, allocates buffers). Then ``repeats`` rounds, each
+    timing every size on every query: interleaved, so that a burst of load from other processes falls on all sizes
+    alike instead of inflating one of them. Sizes that do not fit ``time_limit_s`` in the first round are dropped
+    (the line extrapolates to them), and no further round starts once the limit is spent.
+    """
+    if not sizes or not queries:
+        return []
+    candidates = {query: calibration_candidates(searcher, query, max(sizes)) for query in queries}
+    searcher._rerank_head(queries[0], candidates[queries[0]][:min(max(sizes), 250)])
+    timings: dict[int, list[float]] = {}
+    started = time.perf_counter()
+    for round_index in range(max(repeats, 1)):
+        if round_index and time.perf_counter() - started > time_limit_s:
+            logger.warning("calibration of %s: %d of %d rounds in the %.0f s limit", searcher.reranker.name,
+                           round_index, repeats, time_limit_s)
+            break
+        for size in sizes if round_index == 0 else list(timings):
+            if round_index == 0 and len(timings) >= 2 and time.perf_counter() - started > time_limit_s:
+                logger.warning("calibration of %s stopped at %d candidates after %.0f s; larger depths are "
+                               "extrapolated", searcher.reranker.name, max(timings), time.perf_counter() - started)
+                break
+            for query in queries:
+                head = candidates[query][:size]
+                begin = time.perf_counter()
+                searcher._rerank_head(query, head)
+                timings.setdefault(size, []).append((time.perf_counter() - begin) * 1000)
+    return [(size, statistics.median(values)) for size, values in timings.items()]

@@ -1,0 +1,250 @@
+"""Training CLI: ``python -m pyserini_mores.train {mine-negatives,train,pretrain-compressor,recipes} ...``.
+
+Examples::
+
+    python -m pyserini_mores.train mine-negatives --index indexes/debian --topics queries.train.tsv \\
+        --qrels qrels.train.txt --negatives-per-query 1 --depth 100 --output triples.train.tsv
+    python -m pyserini_mores.train train --recipe mores-debian --triples triples.train.tsv --output models/mores \\
+        --dev-topics queries.dev.tsv --dev-qrels qrels.dev.txt --dev-index indexes/debian
+    python -m pyserini_mores.train pretrain-compressor --recipe prettr-compressor-debian --texts collection.tsv \\
+        --output models/prettr-e128
+    python -m pyserini_mores.train recipes            # list the shipped recipes
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .._cli import parse_model_args, setup_logging
+
+S = argparse.SUPPRESS  # options left out of the namespace unless given, so a recipe's value is not overridden
+
+
+def define_mine_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--index", help="Lucene index: BM25 candidates (unless --run) and document text "
+                                        "(unless --collection)")
+    parser.add_argument("--topics", required=True, help="queries TSV (qid<TAB>text)")
+    parser.add_argument("--qrels", required=True, help="TREC qrels: the positives, and documents never to use "
+                                                       "as negatives")
+    parser.add_argument("--run", help="first-stage run file (TREC or MS MARCO format) instead of BM25")
+    parser.add_argument("--collection", help="collection file (TSV or JSONL) for document text instead of "
+                                             "the index's stored text")
+    parser.add_argument("--negatives-per-query", type=int, default=1, metavar="N",
+                        help="negatives sampled per query (each paired with every positive; default 1)")
+    parser.add_argument("--depth", type=int, default=100, help="sample negatives from the top DEPTH (default 100)")
+    parser.add_argument("--output", required=True, help="triples TSV to write (query<TAB>positive<TAB>negative)")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--relevance-level", type=int, default=1,
+                        help="lowest grade that makes a positive (any grade > 0 excludes a negative)")
+    parser.add_argument("--k1", type=float, default=None, help="BM25 k1 (default: the index's, as search uses)")
+    parser.add_argument("--b", type=float, default=None, help="BM25 b")
+    parser.add_argument("--threads", type=int, default=1)
+
+
+def define_train_args(parser: argparse.ArgumentParser) -> None:
+    from ._choices import LOSSES, MODEL_TYPES, SCHEDULERS, TRAIN_MODULES
+
+    parser.add_argument("--recipe", help="a shipped recipe name (see the 'recipes' command), a JSON file or "
+                                         "inline JSON; flags given here override its values")
+    model = parser.add_argument_group("model and data")
+    model.add_argument("--model-type", choices=MODEL_TYPES, default=S)
+    model.add_argument("--init", default=S, metavar="BACKBONE_OR_CHECKPOINT",
+                       help="backbone (minilm, HF name or dir), a checkpoint of --model-type, or a GloVe .txt (tk)")
+    model.add_argument("--model-arg", dest="model_args", action="append", default=S, metavar="KEY=VALUE",
+                       help="model config override, repeatable (e.g. n_interaction_blocks=2)")
+    model.add_argument("--triples", default=S, help="training triples TSV (query<TAB>positive<TAB>negative)")
+    model.add_argument("--max-triples", type=int, default=S, help="use only the first N triples")
+    model.add_argument("--negatives-per-example", type=int, default=S, metavar="K",
+                       help="negatives per training group (listwise; consecutive triples sharing query and "
+                            "positive are pooled; default 1)")
+    model.add_argument("--output", required=True, help="output directory (the model in save_pretrained format, "
+                                                       "checkpoints, logs)")
+    opt = parser.add_argument_group("optimisation")
+    opt.add_argument("--loss", choices=LOSSES, default=S,
+                     help="pointwise 2-class CE (MORES default), pairwise hinge, listwise softmax CE")
+    opt.add_argument("--margin", type=float, default=S, help="pairwise hinge margin (default 1, TK)")
+    opt.add_argument("--train-modules", choices=TRAIN_MODULES, default=S,
+                     help="MORES adapt-interaction / adapt-representation: train only those modules")
+    opt.add_argument("--max-steps", type=int, default=S, help="optimiser steps (overrides --epochs)")
+    opt.add_argument("--epochs", type=float, default=S, help="passes over the triples (default 1)")
+    opt.add_argument("--batch-size", type=int, default=S,
+                     help="examples per optimiser step: (query, passage) examples for pointwise, triples "
+                          "otherwise (default 32)")
+    opt.add_argument("--grad-accum", type=int, default=S, help="micro-batches per step (default 1)")
+    opt.add_argument("--lr", type=float, default=S, help="AdamW learning rate (default 3e-5)")
+    opt.add_argument("--head-lr", type=float, default=S, help="learning rate of new layers (score head, TK "
+                                                              "kernel weights; default --lr)")
+    opt.add_argument("--weight-decay", type=float, default=S)
+    opt.add_argument("--warmup-steps", type=int, default=S)
+    opt.add_argument("--scheduler", choices=SCHEDULERS, default=S, help="after warm-up (default linear decay to 0)")
+    opt.add_argument("--max-grad-norm", type=float, default=S, help="gradient clipping (default 1; 0 = off)")
+    opt.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=S, help="bf16 autocast on CPU")
+    opt.add_argument("--seed", type=int, default=S)
+    dev = parser.add_argument_group("dev evaluation and early stopping (MRR@10)")
+    dev.add_argument("--dev-topics", default=S)
+    dev.add_argument("--dev-qrels", default=S)
+    dev.add_argument("--dev-index", default=S, help="index for BM25 dev candidates and their text")
+    dev.add_argument("--dev-run", default=S, help="dev candidates from a run file instead of BM25")
+    dev.add_argument("--dev-collection", default=S, help="dev document text from a collection file")
+    dev.add_argument("--dev-depth", type=int, default=S, help="candidates reranked per dev query (default 100)")
+    dev.add_argument("--dev-max-queries", type=int, default=S, help="evaluate only the first N dev queries")
+    dev.add_argument("--eval-every", type=int, default=S, metavar="STEPS")
+    dev.add_argument("--early-stopping-patience", type=int, default=S, metavar="EVALUATIONS")
+    run = parser.add_argument_group("run")
+    run.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --output")
+    run.add_argument("--logging-steps", type=int, default=S)
+    run.add_argument("--save-steps", type=int, default=S, help="checkpoint every N steps (default 500)")
+    run.add_argument("--save-total-limit", type=int, default=S, help="checkpoints kept (default 2)")
+    run.add_argument("--threads", type=int, default=S, help="BM25 threads for dev candidates")
+    run.add_argument("--quiet", action="store_true", help="no progress bar or log lines")
+
+
+def define_compressor_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--recipe", help="a shipped pretrain-compressor recipe, a JSON file or inline JSON")
+    parser.add_argument("--init", default=S, metavar="PRETTR_CHECKPOINT_OR_BACKBONE")
+    parser.add_argument("--texts", default=S, help="collection (TSV/JSONL) or triples file")
+    parser.add_argument("--queries", default=S, help="queries TSV: pair these with random passages instead of "
+                                                     "first-sentence pseudo-queries")
+    parser.add_argument("--model-arg", dest="model_args", action="append", default=S, metavar="KEY=VALUE",
+                        help="e.g. join_layer=5, compression_dim=128")
+    parser.add_argument("--output", required=True)
+    parser.add_argument("--steps", type=int, default=S, help="optimiser steps (default 1000)")
+    parser.add_argument("--batch-size", type=int, default=S, help="pairs per step (default 16)")
+    parser.add_argument("--lr", type=float, default=S, help="AdamW learning rate of the compressor (default 1e-3)")
+    parser.add_argument("--warmup-steps", type=int, default=S)
+    parser.add_argument("--heldout-pairs", type=int, default=S, help="pairs kept out to report the loss "
+                                                                     "before/after (default 64)")
+    parser.add_argument("--max-pairs", type=int, default=S)
+    parser.add_argument("--seed", type=int, default=S)
+    parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=S)
+    parser.add_argument("--quiet", action="store_true")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m pyserini_mores.train",
+                                     description="Train pyserini_mores rerankers.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    define_mine_args(commands.add_parser(
+        "mine-negatives", help="write training triples with negatives sampled from a first-stage ranking"))
+    define_train_args(commands.add_parser("train", help="train a reranker on triples"))
+    define_compressor_args(commands.add_parser(
+        "pretrain-compressor", help="pre-train a PreTTR compressor on unlabelled (query, passage) pairs"))
+    recipes = commands.add_parser("recipes", help="list the shipped recipes, or show one")
+    recipes.add_argument("name", nargs="?")
+    return parser
+
+
+def _given(args: argparse.Namespace, exclude: tuple[str, ...]) -> dict:
+    values = {key: value for key, value in vars(args).items() if key not in exclude}
+    if "model_args" in values:
+        values["model_args"] = parse_model_args(values["model_args"])
+    return values
+
+
+def run_mine(args: argparse.Namespace) -> None:
+    from ..formats import read_qrels, read_run, read_topics
+    from .data import collection_texts, mine_negatives, write_triples
+
+    if args.index is None and (args.run is None or args.collection is None):
+        raise SystemExit("error: mine-negatives needs --index, or both --run and --collection")
+    topics, qrels = read_topics(args.topics), read_qrels(args.qrels)
+    searcher = None
+    if args.run is not None:
+        scores = read_run(args.run)
+        rankings = {qid: sorted(docs, key=lambda d, s=docs: (-s[d], d)) for qid, docs in scores.items()}
+    else:
+        from .dev import bm25_rankings
+
+        judged = {qid: text for qid, text in topics.items() if qid in qrels}
+        rankings, searcher = bm25_rankings(args.index, judged, args.depth, args.k1, args.b, args.threads)
+    if args.collection is not None:
+        def fetch(docids: list[str]) -> list[str]:
+            texts = collection_texts(args.collection, docids)
+            return [texts[docid] for docid in docids]
+    else:
+        from ..index import fetch_texts, open_searcher
+
+        searcher = searcher or open_searcher(args.index)
+        fetch = lambda docids: fetch_texts(searcher, docids)  # noqa: E731
+    triples, report = mine_negatives(topics, qrels, rankings, fetch, negatives_per_query=args.negatives_per_query,
+                                     depth=args.depth, seed=args.seed, relevance_level=args.relevance_level)
+    count = write_triples(args.output, triples)
+    print(f"wrote {count} triples for {report.queries} queries to {args.output} "
+          f"(skipped: {report.skipped_no_positive} without a positive, {report.skipped_no_candidates} without "
+          f"non-relevant candidates; {report.short_of_negatives} had fewer than {args.negatives_per_query} "
+          "negatives)")
+
+
+def run_train(args: argparse.Namespace) -> None:
+    from .recipes import merge_settings
+    from .trainer import TrainingSettings, train
+
+    values = merge_settings("train", args.recipe, _given(args, ("command", "recipe", "resume", "quiet")))
+    missing = [name for name in ("model_type", "init", "triples") if values.get(name) is None]
+    if missing:
+        raise SystemExit(f"error: train needs {', '.join('--' + m.replace('_', '-') for m in missing)} "
+                         "(or a recipe that sets them)")
+    try:
+        settings = TrainingSettings(**values)
+    except (TypeError, ValueError) as error:
+        raise SystemExit(f"error: {error}") from None
+    result = train(settings, resume=args.resume, progress=not args.quiet)
+    print(f"saved {settings.model_type} to {result.output} after {result.global_step}/{result.total_steps} steps "
+          f"in {result.seconds:.0f} s ({result.pairs_per_second:.1f} pairs/s)"
+          + (f"; resumed from step {result.resumed_from}" if result.resumed_from is not None else ""))
+    if result.best_step is not None:
+        print(f"best dev MRR@10 {result.best_metric:.4f} at step {result.best_step}"
+              + (" (stopped early)" if result.stopped_early else ""))
+    print(f"load it with: load_model({settings.model_type!r}, {result.output!r})")
+
+
+def run_compressor(args: argparse.Namespace) -> None:
+    from ..formats import read_topics
+    from .compressor import pretrain_compressor
+    from .recipes import merge_settings
+
+    values = merge_settings("pretrain-compressor", args.recipe, _given(args, ("command", "recipe", "quiet")))
+    missing = [name for name in ("init", "texts") if values.get(name) is None]
+    if missing:
+        raise SystemExit(f"error: pretrain-compressor needs {', '.join('--' + m for m in missing)}")
+    if values.get("queries") is not None:
+        values["queries"] = list(read_topics(values["queries"]).values())
+    init, texts, output = values.pop("init"), values.pop("texts"), values.pop("output")
+    result = pretrain_compressor(init, texts, output, progress=not args.quiet, **values)
+    print(f"attention MSE on {result.heldout_pairs} held-out pairs: before {result.loss_before:.6g}, "
+          f"after {result.loss_after:.6g} ({result.steps} steps, {result.seconds:.0f} s; "
+          f"l={result.join_layer}, e={result.compression_dim})")
+    print(f"saved to {result.output}")
+
+
+def run_recipes(args: argparse.Namespace) -> None:
+    from .recipes import read_recipe, recipe_names
+
+    if args.name:
+        print(json.dumps(read_recipe(args.name), indent=2))
+        return
+    for name in recipe_names():
+        recipe = read_recipe(name)
+        print(f"{name:32s} {recipe['command']:20s} {recipe.get('description', '')}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    if args.command in ("train", "pretrain-compressor"):
+        setup_logging(verbose=not args.quiet)
+    else:
+        setup_logging()
+    handlers = {"mine-negatives": run_mine, "train": run_train, "pretrain-compressor": run_compressor,
+                "recipes": run_recipes}
+    try:
+        from tqdm.contrib.logging import logging_redirect_tqdm
+
+        with logging_redirect_tqdm():
+            handlers[args.command](args)
+    except (ValueError, FileNotFoundError, KeyError) as error:
+        raise SystemExit(f"error: {error}") from None
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,188 @@
+"""PreTTR compressor pre-training (SEEDS-SPEC §3.2 stage 1, P5): only the compressor learns, minimising the MSE
+between the attention probabilities of layers ``l+1..L`` with and without compression
+(:meth:`pyserini_mores.models.prettr.PreTTRModel.attention_mse_loss`; the teacher is the same model without its
+compressor), on unlabelled (query, passage) pairs (:func:`.data.compressor_pairs`).
+
+The loss is reported on a fixed held-out set of pairs before and after training, so the gain of the pre-trained
+compressor over the untrained one is measured on pairs it never saw.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from .data import compressor_pairs
+from .trainer import progress_interval, seed_everything
+
+logger = logging.getLogger(__name__)
+
+SUMMARY_NAME = "compressor_pretraining.json"
+
+
+@dataclass
+class CompressorResult:
+    """Held-out attention MSE before and after pre-training, and what was done."""
+
+    output: str
+    loss_before: float
+    loss_after: float
+    steps: int
+    train_pairs: int
+    heldout_pairs: int
+    seconds: float
+    join_layer: int
+    compression_dim: int
+
+
+def load_prettr_for_compressor(init: str | os.PathLike, model_args: dict | None = None):
+    """A PreTTR model with a compressor: from a backbone (``model_args`` must set ``compression_dim``), or from a
+    PreTTR checkpoint, which may lack a compressor (or have one of another width): then a new random compressor of
+    ``compression_dim`` is added and every other weight is loaded from the checkpoint.
+
+    Raises:
+        ValueError: when the result would have no compressor.
+    """
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer, PretrainedConfig
+
+    from ..models import load_model
+    from ..models.base import WEIGHTS_NAME, read_checkpoint_config
+    from ..models.prettr import PreTTRConfig, PreTTRModel
+
+    model_args = dict(model_args or {})
+    directory = Path(init)
+    if (directory / "config.json").is_file() and _is_prettr_checkpoint(directory):
+        values = read_checkpoint_config(directory)
+        wanted = model_args.get("compression_dim", values.get("compression_dim"))
+        if wanted and values.get("compression_dim") != wanted:
+            config = PreTTRConfig.from_dict({**values, **model_args})
+            tokenizer = AutoTokenizer.from_pretrained(str(directory), config=PretrainedConfig())
+            model = PreTTRModel(config, tokenizer)
+            weights = {name: tensor for name, tensor in load_file(str(directory / WEIGHTS_NAME)).items()
+                       if not name.startswith("compressor.")}
+            missing, unexpected = model.load_state_dict(weights, strict=False)
+            if unexpected or any(not name.startswith("compressor.") for name in missing):
+                raise ValueError(f"{directory} does not fit this PreTTR config (missing {missing[:5]}, "
+                                 f"unexpected {unexpected[:5]})")
+            model.eval()
+        else:
+            model = load_model("prettr", directory, **model_args)
+    else:
+        model = load_model("prettr", init, **model_args)
+    if model.compressor is None:
+        raise ValueError("compressor pre-training needs a compressor: pass --model-arg compression_dim=E "
+                         "(e.g. 128 for MiniLM, 256 for BERT-base)")
+    return model
+
+
+def _is_prettr_checkpoint(directory: Path) -> bool:
+    values = json.loads((directory / "config.json").read_text())
+    return values.get("model_type") == "prettr" and "architectures" not in values
+
+
+@torch.no_grad()
+def heldout_attention_mse(model, pairs: Sequence[tuple[str, str]], batch_size: int = 16, bf16: bool = False) -> float:
+    """Mean :meth:`attention_mse_loss` over ``pairs`` (weighted by batch size)."""
+    total, count = 0.0, 0
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    with autocast:
+        for start in range(0, len(pairs), batch_size):
+            chunk = pairs[start:start + batch_size]
+            loss = model.attention_mse_loss(model.tokenize_queries([q for q, _ in chunk]),
+                                            model.tokenize_documents([d for _, d in chunk]))
+            total += float(loss) * len(chunk)
+            count += len(chunk)
+    return total / max(count, 1)
+
+
+def pretrain_compressor(
+    init: str | os.PathLike,
+    texts: str | os.PathLike,
+    output: str | os.PathLike,
+    *,
+    model_args: dict | None = None,
+    queries: Sequence[str] | None = None,
+    steps: int = 1000,
+    batch_size: int = 16,
+    lr: float = 1e-3,
+    warmup_steps: int = 0,
+    heldout_pairs: int = 64,
+    max_pairs: int | None = None,
+    seed: int = 42,
+    bf16: bool = False,
+    progress: bool = True,
+) -> CompressorResult:
+    """Pre-train the compressor of a PreTTR model and ``save_pretrained`` it (whole model) to ``output``.
+
+    Every weight outside the compressor keeps its value (only the compressor's parameters reach the optimiser).
+    Steps cycle through the training pairs in a seeded order (``steps × batch_size`` pairs in all; the paper
+    converged by 2M pairs).
+    """
+    from tqdm.auto import tqdm
+    from transformers import get_scheduler
+
+    started = time.perf_counter()
+    if steps < 1 or batch_size < 1:
+        raise ValueError("steps and batch_size must be at least 1")
+    seed_everything(seed)
+    model = load_prettr_for_compressor(init, model_args)
+    pairs = compressor_pairs(texts, queries=queries, max_pairs=max_pairs, seed=seed)
+    heldout_pairs = min(heldout_pairs, len(pairs) // 2)
+    heldout, train_pairs = pairs[:heldout_pairs], pairs[heldout_pairs:]
+    if not train_pairs or not heldout:
+        raise ValueError(f"{texts} gives {len(pairs)} pairs: too few to hold some out and train on the rest")
+    trainable = model.freeze_all_but_compressor()
+    optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=0.0)
+    scheduler = get_scheduler("constant_with_warmup", optimizer, num_warmup_steps=warmup_steps)
+    loss_before = heldout_attention_mse(model, heldout, batch_size, bf16)
+    logger.info("held-out attention MSE before: %.6g (%d pairs)", loss_before, len(heldout))
+
+    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
+    generator = torch.Generator().manual_seed(seed)
+    order: list[int] = []
+    bar = tqdm(total=steps, desc="pretrain compressor", unit="step", disable=not progress, dynamic_ncols=True,
+               mininterval=progress_interval())
+    try:
+        for _ in range(steps):
+            indices = []
+            while len(indices) < min(batch_size, len(train_pairs)):
+                if not order:
+                    order = torch.randperm(len(train_pairs), generator=generator).tolist()
+                indices.append(order.pop())
+            chunk = [train_pairs[i] for i in indices]
+            with autocast():
+                loss = model.attention_mse_loss(model.tokenize_queries([q for q, _ in chunk]),
+                                                model.tokenize_documents([d for _, d in chunk]))
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            bar.update(1)
+            bar.set_postfix(mse=f"{float(loss.detach()):.3g}")
+    finally:
+        bar.close()
+
+    loss_after = heldout_attention_mse(model, heldout, batch_size, bf16)
+    logger.info("held-out attention MSE after: %.6g", loss_after)
+    for parameter in model.parameters():
+        parameter.requires_grad_(True)
+    output = Path(output)
+    model.eval().save_pretrained(output)
+    result = CompressorResult(
+        output=str(output), loss_before=loss_before, loss_after=loss_after, steps=steps,
+        train_pairs=len(train_pairs), heldout_pairs=len(heldout), seconds=time.perf_counter() - started,
+        join_layer=model.join_layer, compression_dim=model.config.compression_dim,
+    )
+    (output / SUMMARY_NAME).write_text(json.dumps(asdict(result), indent=2) + "\n")
+    return result
+
+
+__all__ = ["CompressorResult", "load_prettr_for_compressor", "heldout_attention_mse", "pretrain_compressor"]

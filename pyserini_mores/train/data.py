@@ -1,0 +1,303 @@
+"""Training data in MS MARCO formats: text triples (``query \\t positive \\t negative``, as in
+``triples.train.small.tsv``), hard-negative mining from qrels + a first-stage ranking, the grouping of triples into
+training examples, and the collator that tokenizes them into the query/document batches every model takes.
+
+A *group* is one query with one positive and ``k`` negatives (``k = 1`` for a plain triple). How a group becomes loss
+terms is the loss's business (:mod:`.objectives`): pointwise splits it into ``1 + k`` labelled (query, document)
+examples, pairwise/listwise score it as one row of ``1 + k`` candidates with the positive first.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator, Mapping, Sequence
+
+from ..formats import FormatError, _numbered_lines, atomic_writer, read_collection
+
+logger = logging.getLogger(__name__)
+
+PathLike = str | os.PathLike
+
+
+@dataclass(frozen=True)
+class TrainingGroup:
+    """One query, its positive passage and ``k >= 1`` negatives (all text)."""
+
+    query: str
+    positive: str
+    negatives: tuple[str, ...]
+
+
+# ---------------------------------------------------------------------------------------------------- triples files
+
+
+def read_triples(path: PathLike, max_triples: int | None = None) -> Iterator[tuple[str, str, str]]:
+    """``(query, positive, negative)`` texts from a ``triples.train.small.tsv``-style file (optionally gzipped).
+
+    Raises:
+        FormatError: a line without exactly three tab-separated non-empty fields (with its line number).
+    """
+    count = 0
+    for line_number, line in _numbered_lines(path):
+        if max_triples is not None and count >= max_triples:
+            return
+        fields = line.split("\t")
+        if len(fields) != 3:
+            raise FormatError(path, line_number, "expected 'query<TAB>positive<TAB>negative', "
+                                                 f"found {len(fields)} tab-separated field(s)", line)
+        if not all(field.strip() for field in fields):
+            raise FormatError(path, line_number, "empty query, positive or negative text", line)
+        count += 1
+        yield fields[0], fields[1], fields[2]
+
+
+def _tsv_field(text: str) -> str:
+    """Text made safe for one TSV field: tabs and line breaks become spaces."""
+    return re.sub(r"[\t\r\n]+", " ", text).strip()
+
+
+def write_triples(path: PathLike, triples: Iterable[tuple[str, str, str]]) -> int:
+    """Write ``query \\t positive \\t negative`` lines atomically; returns the number of lines."""
+    count = 0
+    with atomic_writer(path) as stream:
+        for triple in triples:
+            stream.write("\t".join(_tsv_field(text) for text in triple) + "\n")
+            count += 1
+    return count
+
+
+def load_groups(path: PathLike, negatives_per_group: int = 1, max_triples: int | None = None) -> list[TrainingGroup]:
+    """Training groups from a triples file.
+
+    With ``negatives_per_group = 1`` every line is a group. With ``k > 1`` (listwise losses), consecutive lines that
+    share their query and positive (what :func:`mine_negatives` writes) are pooled and cut into groups of ``k``
+    negatives; a pool that does not divide evenly fills its last group by cycling through its own negatives.
+    """
+    if negatives_per_group < 1:
+        raise ValueError(f"negatives_per_group must be at least 1, not {negatives_per_group}")
+    triples = read_triples(path, max_triples)
+    if negatives_per_group == 1:
+        groups = [TrainingGroup(query, positive, (negative,)) for query, positive, negative in triples]
+    else:
+        groups = []
+        pooled: list[tuple[tuple[str, str], list[str]]] = []
+        for query, positive, negative in triples:
+            if pooled and pooled[-1][0] == (query, positive):
+                pooled[-1][1].append(negative)
+            else:
+                pooled.append(((query, positive), [negative]))
+        for (query, positive), negatives in pooled:
+            for start in range(0, len(negatives), negatives_per_group):
+                chunk = [negatives[(start + offset) % len(negatives)] for offset in range(negatives_per_group)]
+                groups.append(TrainingGroup(query, positive, tuple(chunk)))
+    if not groups:
+        raise ValueError(f"{path} holds no training triples")
+    return groups
+
+
+# ---------------------------------------------------------------------------------------------------- batching
+
+
+class GroupCollator:
+    """Tokenizes a list of :class:`TrainingGroup` into one flat batch of ``G·(1+k)`` aligned (query, document) pairs,
+    each group's positive first, with the tokenizers of ``model`` (so PreTTR, TK etc. get their own layouts).
+
+    Returns ``{"query_batch": {...}, "doc_batch": {...}, "labels": [G·(1+k)] (1 = positive), "group_size": 1+k}``.
+    """
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, groups: Sequence[TrainingGroup]) -> dict:
+        import torch
+
+        sizes = {len(group.negatives) for group in groups}
+        if len(sizes) != 1:
+            raise ValueError(f"groups in one batch must have the same number of negatives, got {sorted(sizes)}")
+        group_size = 1 + sizes.pop()
+        queries, documents, labels = [], [], []
+        for group in groups:
+            queries.extend([group.query] * group_size)
+            documents.extend((group.positive, *group.negatives))
+            labels.extend([1] + [0] * (group_size - 1))
+        return {
+            "query_batch": self.model.tokenize_queries(queries),
+            "doc_batch": self.model.tokenize_documents(documents),
+            "labels": torch.tensor(labels, dtype=torch.long),
+            "group_size": group_size,
+        }
+
+
+# ---------------------------------------------------------------------------------------------------- negatives
+
+
+@dataclass
+class MiningReport:
+    """What :func:`mine_negatives` did: queries used and skipped, triples written."""
+
+    queries: int = 0
+    triples: int = 0
+    skipped_no_positive: int = 0
+    skipped_no_candidates: int = 0
+    short_of_negatives: int = 0  # queries with fewer non-relevant candidates than requested
+
+
+def sample_negatives(
+    ranking: Sequence[str],
+    judgments: Mapping[str, int],
+    count: int,
+    depth: int,
+    rng: random.Random,
+) -> list[str]:
+    """Up to ``count`` distinct docids drawn uniformly from the first ``depth`` of ``ranking`` that carry no
+    positive judgment (grade > 0 at any level: a graded "related" document is never used as a negative)."""
+    candidates = [docid for docid in dict.fromkeys(ranking[:depth]) if judgments.get(docid, 0) <= 0]
+    return rng.sample(candidates, min(count, len(candidates)))
+
+
+def mine_negatives(
+    topics: Mapping[str, str],
+    qrels: Mapping[str, Mapping[str, int]],
+    rankings: Mapping[str, Sequence[str]],
+    fetch_texts,
+    *,
+    negatives_per_query: int,
+    depth: int = 100,
+    seed: int = 42,
+    relevance_level: int = 1,
+) -> tuple[list[tuple[str, str, str]], MiningReport]:
+    """Text triples with negatives sampled from each query's first-stage top ``depth``.
+
+    Every query of ``topics`` with at least one document judged ``>= relevance_level`` gets ``negatives_per_query``
+    negatives (fewer when its top ``depth`` has fewer unjudged/non-relevant documents); each of its positives is
+    paired with each of those negatives, positives in qrels order. Sampling uses one RNG per query seeded from
+    ``(seed, qid)``, so a query's negatives do not depend on which other queries are mined.
+
+    Args:
+        topics: qid → query text.
+        qrels: qid → {docid → grade}.
+        rankings: qid → docids of the first stage, best first.
+        fetch_texts: ``list[docid] → list[text]``.
+
+    Returns:
+        ``(triples, report)``; triples in topic order.
+    """
+    if negatives_per_query < 1:
+        raise ValueError(f"negatives_per_query must be at least 1, not {negatives_per_query}")
+    report = MiningReport()
+    planned: list[tuple[str, list[str], list[str]]] = []
+    for qid, query in topics.items():
+        judgments = qrels.get(qid, {})
+        positives = [docid for docid, grade in judgments.items() if grade >= relevance_level]
+        if not positives:
+            report.skipped_no_positive += 1
+            continue
+        negatives = sample_negatives(rankings.get(qid, []), judgments, negatives_per_query, depth,
+                                     random.Random(f"{seed}:{qid}"))
+        if not negatives:
+            report.skipped_no_candidates += 1
+            continue
+        if len(negatives) < negatives_per_query:
+            report.short_of_negatives += 1
+        planned.append((qid, positives, negatives))
+    needed = list(dict.fromkeys(docid for _, positives, negatives in planned for docid in positives + negatives))
+    texts = dict(zip(needed, fetch_texts(needed)))
+    triples = []
+    for qid, positives, negatives in planned:
+        report.queries += 1
+        for positive in positives:
+            for negative in negatives:
+                triples.append((topics[qid], texts[positive], texts[negative]))
+    report.triples = len(triples)
+    return triples, report
+
+
+def collection_texts(path: PathLike, docids: Iterable[str]) -> dict[str, str]:
+    """docid → text for ``docids`` from a collection file (one pass, keeping only what is asked for).
+
+    Raises:
+        KeyError: when a requested docid is not in the collection.
+    """
+    wanted = set(docids)
+    found = {docid: text for docid, text in read_collection(path) if docid in wanted}
+    missing = wanted - set(found)
+    if missing:
+        raise KeyError(f"{len(missing)} document(s) not in {path}, e.g. {sorted(missing)[:3]}")
+    return found
+
+
+# ------------------------------------------------------------------------------------- compressor pre-training pairs
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+PSEUDO_QUERY_WORDS = 12  # a heading-sized pseudo-query when a passage has no sentence boundary
+
+
+def split_pseudo_query(text: str) -> tuple[str, str]:
+    """``(heading-like pseudo-query, paragraph)`` from one passage: its first sentence and the rest.
+
+    A passage of a single sentence gives its first :data:`PSEUDO_QUERY_WORDS` words and the whole passage.
+    """
+    parts = _SENTENCE_END.split(text.strip(), maxsplit=1)
+    if len(parts) == 2 and parts[1].strip():
+        return parts[0], parts[1]
+    return " ".join(text.split()[:PSEUDO_QUERY_WORDS]), text
+
+
+def compressor_pairs(
+    path: PathLike,
+    *,
+    queries: Sequence[str] | None = None,
+    max_pairs: int | None = None,
+    seed: int = 42,
+) -> list[tuple[str, str]]:
+    """Unlabelled (query, passage) pairs for compressor pre-training, in a seeded random order.
+
+    * ``path`` is a triples file: ``(query, positive)`` and ``(query, negative)`` of every line.
+    * ``path`` is a collection and ``queries`` are given: each query with a random passage.
+    * ``path`` is a collection alone: the paper's TREC CAR (heading, paragraph) pairs adapted to passages. The
+      heading is a passage's first sentence (:func:`split_pseudo_query`), the paragraph the rest of it; as in the
+      paper (NSP-like), half of the pairs keep their own heading and half take the heading of another passage.
+
+    Args:
+        max_pairs: keep at most this many (after shuffling).
+    """
+    rng = random.Random(seed)
+    if _looks_like_triples(path):
+        pairs = []
+        for query, positive, negative in read_triples(path):
+            pairs.extend([(query, positive), (query, negative)])
+    else:
+        passages = [text for _, text in read_collection(path) if text.strip()]
+        if not passages:
+            raise ValueError(f"{path} holds no passages")
+        if queries:
+            pairs = [(query, passages[rng.randrange(len(passages))]) for query in queries]
+        else:
+            split = [split_pseudo_query(text) for text in passages]
+            pairs = []
+            for index, (heading, paragraph) in enumerate(split):
+                if index % 2 == 1 and len(split) > 1:
+                    other = rng.randrange(len(split) - 1)
+                    heading = split[other + (other >= index)][0]  # any other passage's heading
+                pairs.append((heading, paragraph))
+    rng.shuffle(pairs)
+    return pairs[:max_pairs] if max_pairs is not None else pairs
+
+
+def _looks_like_triples(path: PathLike) -> bool:
+    """A file whose first line has exactly three tab-separated fields (a collection TSV has two, JSONL none)."""
+    if Path(path).is_dir():
+        return False
+    for _, line in _numbered_lines(path):
+        return len(line.split("\t")) == 3
+    return False
+
+
+__all__ = [
+    "TrainingGroup", "read_triples", "write_triples", "load_groups", "GroupCollator", "MiningReport",
+    "sample_negatives", "mine_negatives", "collection_texts", "split_pseudo_query", "compressor_pairs",
+]

@@ -1,0 +1,165 @@
+"""What is optimised: the loss of a collated batch for each loss type, which parameters train (MORES's
+adapt-interaction / adapt-representation) and the optimiser's parameter groups (per-model learning rates).
+
+:class:`RankingObjective` wraps a :class:`~pyserini_mores.models.base.RankingModel` as a module whose ``forward``
+takes a :class:`~.data.GroupCollator` batch and returns ``{"loss": ...}`` — the shape transformers' ``Trainer``
+drives, so the loop in :mod:`.trainer` could be swapped for it without touching the losses.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import torch
+from torch import nn
+
+from ..models.losses import listwise_softmax_cross_entropy, pairwise_hinge, pointwise_cross_entropy
+from ._choices import LOSSES, TRAIN_MODULES
+
+#: model type → parameter-name prefixes of the newly initialised score head (``head_lr`` applies to them)
+HEAD_PREFIXES = {
+    "mores": ("interaction_module.head.",),
+    "cross-encoder": ("head.",),
+    "prettr": ("head.",),
+}
+
+#: MORES modules trained by ``--train-modules`` (the paper's domain adaptation, SEEDS-SPEC §1.4)
+MORES_MODULES = {
+    "interaction": ("interaction_module.",),
+    "representation": ("document_module.", "query_module."),
+}
+
+
+def ranking_loss(model: nn.Module, batch: dict, loss: str = "pointwise", margin: float = 1.0) -> torch.Tensor:
+    """Scalar loss of one collated batch (``G`` groups of ``1 + k`` pairs, positive first).
+
+    * ``pointwise`` — every pair is a labelled example: 2-class CE on ``forward_logits`` where the model has it
+      (MORES, cross-encoder: the MORES paper's loss), binary CE on the ranking score otherwise (the same value for a
+      2-logit head whose score is the logit difference, e.g. PreTTR).
+    * ``pairwise`` — hinge ``max(0, margin − s⁺ + s⁻)`` over every (positive, negative) of a group (TK, EARL).
+    * ``listwise`` — softmax CE over each group's ``1 + k`` scores; with one negative this is PreTTR's pairwise
+      softmax loss ``−log softmax([s⁺, s⁻])[0]``.
+    """
+    query_batch, doc_batch = batch["query_batch"], batch["doc_batch"]
+    if loss == "pointwise":
+        forward_logits = getattr(model, "forward_logits", None)
+        outputs = forward_logits(query_batch, doc_batch) if forward_logits is not None else model(query_batch, doc_batch)
+        return pointwise_cross_entropy(outputs, batch["labels"].to(outputs.device))
+    scores = model(query_batch, doc_batch).view(-1, batch["group_size"])
+    if loss == "pairwise":
+        return pairwise_hinge(scores[:, 0], scores[:, 1:], margin=margin)
+    if loss == "listwise":
+        return listwise_softmax_cross_entropy(scores)
+    raise ValueError(f"unknown loss '{loss}'; choose from {', '.join(LOSSES)}")
+
+
+class RankingObjective(nn.Module):
+    """A ranking model plus its loss: ``forward(**batch) → {"loss": scalar}`` (Trainer-compatible)."""
+
+    def __init__(self, model: nn.Module, loss: str = "pointwise", margin: float = 1.0):
+        super().__init__()
+        if loss not in LOSSES:
+            raise ValueError(f"unknown loss '{loss}'; choose from {', '.join(LOSSES)}")
+        self.model = model
+        self.loss = loss
+        self.margin = margin
+
+    def forward(self, query_batch: dict, doc_batch: dict, labels: torch.Tensor, group_size: int) -> dict:
+        batch = {"query_batch": query_batch, "doc_batch": doc_batch, "labels": labels, "group_size": group_size}
+        return {"loss": ranking_loss(self.model, batch, self.loss, self.margin)}
+
+
+def batch_to_device(batch: dict, device: torch.device) -> dict:
+    """Move the tensors of a collated batch (nested one level) to ``device``."""
+    moved = {}
+    for key, value in batch.items():
+        if isinstance(value, dict):
+            moved[key] = {name: tensor.to(device) for name, tensor in value.items()}
+        elif isinstance(value, torch.Tensor):
+            moved[key] = value.to(device)
+        else:
+            moved[key] = value
+    return moved
+
+
+@torch.no_grad()
+def mean_loss(model: nn.Module, groups: Sequence, loss: str = "pointwise", margin: float = 1.0,
+              batch_size: int = 32) -> float:
+    """The loss over ``groups`` with dropout off (the model's train/eval mode is restored), batch-size weighted."""
+    from .data import GroupCollator
+
+    collate = GroupCollator(model)
+    was_training = model.training
+    model.eval()
+    try:
+        total, count = 0.0, 0
+        for start in range(0, len(groups), batch_size):
+            chunk = groups[start:start + batch_size]
+            total += float(ranking_loss(model, collate(chunk), loss, margin)) * len(chunk)
+            count += len(chunk)
+    finally:
+        model.train(was_training)
+    return total / max(count, 1)
+
+
+def select_trainable(model: nn.Module, train_modules: str = "all") -> list[str]:
+    """Freeze every parameter outside ``train_modules`` and return the names of those left trainable.
+
+    ``all`` keeps the model's own choices (e.g. TK's frozen borrowed embeddings). ``interaction`` /
+    ``representation`` are MORES's adapt-interaction (only the interaction blocks and head train) and
+    adapt-representation (only the document and query modules — tied layers included — train).
+
+    Raises:
+        ValueError: for ``interaction``/``representation`` on a model that has no such modules.
+    """
+    if train_modules not in TRAIN_MODULES:
+        raise ValueError(f"unknown train_modules '{train_modules}'; choose from {', '.join(TRAIN_MODULES)}")
+    if train_modules != "all":
+        model_type = getattr(model, "model_type", type(model).__name__)
+        if model_type != "mores":
+            raise ValueError(f"--train-modules {train_modules} is MORES's adapt-{train_modules}; a '{model_type}' "
+                             "model has no separate representation and interaction modules")
+        prefixes = MORES_MODULES[train_modules]
+        for name, parameter in model.named_parameters():
+            if not name.startswith(prefixes):
+                parameter.requires_grad_(False)
+    trainable = [name for name, parameter in model.named_parameters() if parameter.requires_grad]
+    if not trainable:
+        raise ValueError("no trainable parameters left")
+    return trainable
+
+
+def parameter_groups(model: nn.Module, lr: float, head_lr: float | None = None,
+                     weight_decay: float = 0.0) -> list[dict]:
+    """Optimiser parameter groups over the trainable parameters.
+
+    ``head_lr`` (when set) is the learning rate of the new layers: the score head of MORES/cross-encoder/PreTTR
+    (PreTTR P4: 1e-3 for ``W_combine``), TK's kernel-scoring weights (§4.3: 1e-3, ``lr`` then being the
+    embeddings'/contextualiser's 1e-4). Weight decay, when non-zero, skips biases and norms (1-D tensors), as
+    transformers' Trainer does.
+    """
+    model_type = getattr(model, "model_type", None)
+    if model_type == "tk" and hasattr(model, "parameter_groups"):
+        groups = model.parameter_groups(contextualizer_lr=lr, scoring_lr=head_lr if head_lr is not None else lr)
+    else:
+        prefixes = HEAD_PREFIXES.get(model_type, ())
+        body, head = [], []
+        for name, parameter in model.named_parameters():
+            if parameter.requires_grad:
+                (head if head_lr is not None and prefixes and name.startswith(prefixes) else body).append(parameter)
+        groups = [{"params": body, "lr": lr}, {"params": head, "lr": head_lr}]
+    if weight_decay:
+        split = []
+        for group in groups:
+            split.append({**group, "params": [p for p in group["params"] if p.dim() > 1],
+                          "weight_decay": weight_decay})
+            split.append({**group, "params": [p for p in group["params"] if p.dim() <= 1], "weight_decay": 0.0})
+        groups = split
+    return [group for group in groups if group["params"]]
+
+
+def count_parameters(parameters: Iterable[nn.Parameter]) -> int:
+    return sum(parameter.numel() for parameter in parameters)
+
+
+__all__ = ["LOSSES", "TRAIN_MODULES", "ranking_loss", "RankingObjective", "batch_to_device", "mean_loss",
+           "select_trainable", "parameter_groups", "count_parameters"]

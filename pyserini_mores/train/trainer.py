@@ -1,0 +1,523 @@
+"""The training loop: AdamW, linear warm-up and decay, gradient accumulation, bf16 autocast on CPU, seeds, periodic
+dev evaluation with early stopping on MRR@10 and best-checkpoint selection, checkpoints that a killed run resumes from.
+
+Why not transformers' ``Trainer``: in transformers 5.x (and 4.x since 4.39) ``TrainingArguments`` refuses to start
+without ``accelerate`` (``ImportError: Using the Trainer with PyTorch requires accelerate>=1.1.0``), which is not a
+dependency of this package. The pieces it would give us are small here and kept compatible: the loss is a
+Trainer-style module (:class:`.objectives.RankingObjective`), the schedule is transformers' ``get_scheduler``, and
+checkpoints use Trainer's layout and file names (``checkpoint-N/`` with ``optimizer.pt``, ``scheduler.pt``,
+``rng_state.pth``, ``trainer_state.json``).
+
+Determinism: the batch of optimizer step ``s`` is a pure function of ``(seed, s)`` (each epoch is a seeded
+permutation of the groups), and checkpoints hold the weights, optimiser, schedule and torch RNG state, so a run
+resumed from step ``N`` takes exactly the steps an uninterrupted run takes (bit-identical weights on CPU).
+
+Output directory::
+
+    OUTPUT/config.json, model.safetensors, tokenizer files   the best (dev) or final model, save_pretrained format
+    OUTPUT/training_args.json                              the settings (checked on --resume)
+    OUTPUT/training_summary.json                           steps, time, losses, dev results, best step
+    OUTPUT/checkpoints/checkpoint-N/                       the last `save_total_limit` checkpoints
+    OUTPUT/checkpoints/best/                               the best model so far (with dev evaluation)
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..models import RankingModel, load_model, model_class
+from ..models.base import CONFIG_NAME, WEIGHTS_NAME
+from .data import GroupCollator, TrainingGroup, load_groups
+from ._choices import LOSSES, SCHEDULERS, TRAIN_MODULES
+from .objectives import (
+    batch_to_device,
+    count_parameters,
+    parameter_groups,
+    ranking_loss,
+    select_trainable,
+)
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINTS_DIR = "checkpoints"
+BEST_DIR = "best"
+CHECKPOINT_PREFIX = "checkpoint-"
+STATE_NAME = "trainer_state.json"
+ARGS_NAME = "training_args.json"
+SUMMARY_NAME = "training_summary.json"
+#: settings that change the trajectory of a run; --resume refuses to continue with different values
+RESUME_MUST_MATCH = ("model_type", "init", "triples", "loss", "model_args", "train_modules", "batch_size",
+                     "grad_accum", "lr", "head_lr", "weight_decay", "warmup_steps", "scheduler", "margin",
+                     "negatives_per_example", "max_triples", "seed", "bf16", "max_grad_norm")
+
+
+@dataclass
+class TrainingSettings:
+    """Everything a training run needs (the ``train`` command's flags; recipes set any of them).
+
+    Attributes:
+        model_type: a :data:`pyserini_mores.models.MODEL_CLASSES` key.
+        init: backbone (``minilm``, HF name or directory), a checkpoint of ``model_type`` to continue from, or for
+            TK a GloVe text file (``*.txt``, ``*.txt.gz``).
+        triples: ``query \\t positive \\t negative`` file.
+        output: the output directory.
+        loss: ``pointwise`` (MORES default), ``pairwise`` (hinge, ``margin``) or ``listwise`` (softmax CE).
+        model_args: config overrides for a model built from a backbone (e.g. ``n_interaction_blocks``).
+        train_modules: ``all``, or MORES's ``interaction`` / ``representation``.
+        batch_size: training examples per optimiser step — pointwise (query, passage, label) examples for the
+            pointwise loss (a triple gives 1 + k of them), groups (query, positive, k negatives) otherwise.
+        grad_accum: micro-batches per optimiser step (``batch_size`` is split into them).
+        max_steps: optimiser steps; ``None`` → ``epochs`` passes over the triples.
+        warmup_steps: linear warm-up steps (then ``scheduler``: linear decay to 0, constant, or cosine).
+        head_lr: learning rate of new layers (score head, TK kernel weights); ``None`` = ``lr``.
+        negatives_per_example: ``k``; consecutive triples sharing query and positive are pooled (listwise).
+        eval_every: dev evaluation every this many steps (needs ``dev_topics``, ``dev_qrels`` and ``dev_index``
+            or ``dev_run``); the best model by ``MRR@10`` becomes the output.
+        early_stopping_patience: stop after this many evaluations without improvement.
+    """
+
+    model_type: str
+    init: str
+    triples: str
+    output: str
+    loss: str = "pointwise"
+    model_args: dict = field(default_factory=dict)
+    train_modules: str = "all"
+    max_steps: int | None = None
+    epochs: float = 1.0
+    batch_size: int = 32
+    grad_accum: int = 1
+    lr: float = 3e-5
+    head_lr: float | None = None
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    scheduler: str = "linear"
+    max_grad_norm: float | None = 1.0
+    margin: float = 1.0
+    negatives_per_example: int = 1
+    max_triples: int | None = None
+    bf16: bool = False
+    seed: int = 42
+    logging_steps: int = 10
+    save_steps: int = 500
+    save_total_limit: int = 2
+    dev_topics: str | None = None
+    dev_qrels: str | None = None
+    dev_index: str | None = None
+    dev_run: str | None = None
+    dev_collection: str | None = None
+    dev_depth: int = 100
+    dev_max_queries: int | None = None
+    eval_every: int | None = None
+    early_stopping_patience: int | None = None
+    threads: int = 1
+
+    def __post_init__(self):
+        if self.loss not in LOSSES:
+            raise ValueError(f"unknown loss '{self.loss}'; choose from {', '.join(LOSSES)}")
+        if self.train_modules not in TRAIN_MODULES:
+            raise ValueError(f"unknown train_modules '{self.train_modules}'; choose from {', '.join(TRAIN_MODULES)}")
+        if self.scheduler not in SCHEDULERS:
+            raise ValueError(f"unknown scheduler '{self.scheduler}'; choose from {', '.join(SCHEDULERS)}")
+        model_class(self.model_type)  # raises for an unknown type
+        for name in ("batch_size", "grad_accum", "negatives_per_example", "logging_steps", "save_steps",
+                     "save_total_limit", "dev_depth"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"max_steps must be at least 1, not {self.max_steps}")
+        if self.max_steps is None and not self.epochs > 0:
+            raise ValueError(f"epochs must be positive, not {self.epochs}")
+        if self.batch_size % self.examples_per_group:
+            raise ValueError(f"with the pointwise loss a triple gives {self.examples_per_group} examples; "
+                             f"batch_size={self.batch_size} must be a multiple of it")
+        if self.groups_per_step % self.grad_accum:
+            raise ValueError(f"{self.groups_per_step} groups per step do not split into grad_accum={self.grad_accum} "
+                             "equal micro-batches")
+        if self.eval_every is not None:
+            missing = [name for name in ("dev_topics", "dev_qrels") if getattr(self, name) is None]
+            if self.dev_index is None and self.dev_run is None:
+                missing.append("dev_index or dev_run")
+            if missing:
+                raise ValueError(f"eval_every needs {', '.join(missing)}")
+        if self.early_stopping_patience is not None and self.eval_every is None:
+            raise ValueError("early_stopping_patience needs eval_every (and dev data)")
+
+    @property
+    def examples_per_group(self) -> int:
+        """Training examples one group counts for in ``batch_size``."""
+        return 1 + self.negatives_per_example if self.loss == "pointwise" else 1
+
+    @property
+    def groups_per_step(self) -> int:
+        return self.batch_size // self.examples_per_group
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+
+@dataclass
+class TrainerState:
+    """What a checkpoint remembers besides tensors (``trainer_state.json``)."""
+
+    global_step: int = 0
+    best_metric: float | None = None
+    best_step: int | None = None
+    evaluations_without_improvement: int = 0
+    stopped_early: bool = False
+    log_history: list[dict] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, path: Path) -> "TrainerState":
+        values = json.loads(path.read_text())
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{key: value for key, value in values.items() if key in known})
+
+
+@dataclass
+class TrainingResult:
+    """What :func:`train` returns (also written to ``training_summary.json``)."""
+
+    output: str
+    model: RankingModel
+    global_step: int
+    total_steps: int
+    resumed_from: int | None
+    best_step: int | None
+    best_metric: float | None
+    stopped_early: bool
+    seconds: float
+    pairs_per_second: float
+    log_history: list[dict]
+
+
+# --------------------------------------------------------------------------------------------------- building
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy
+
+        numpy.random.seed(seed % 2**32)
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        pass
+
+
+def build_model(model_type: str, init: str, model_args: dict | None = None) -> RankingModel:
+    """The model to train: a checkpoint, a backbone with config overrides, or (TK) a GloVe text file."""
+    model_args = dict(model_args or {})
+    name = str(init)
+    if model_type == "tk" and Path(name).is_file() and name.endswith((".txt", ".txt.gz")):
+        from ..models.tk import TKModel
+
+        max_words = model_args.pop("max_words", None)
+        return TKModel.from_glove(name, max_words=max_words, **model_args)
+    return load_model(model_type, init, **model_args)
+
+
+def checkpoint_dirs(output: str | os.PathLike) -> list[Path]:
+    """Complete checkpoints (``trainer_state.json`` present) of a run, oldest first."""
+    root = Path(output) / CHECKPOINTS_DIR
+    if not root.is_dir():
+        return []
+    found = []
+    for path in root.iterdir():
+        suffix = path.name[len(CHECKPOINT_PREFIX):]
+        if path.name.startswith(CHECKPOINT_PREFIX) and suffix.isdigit() and (path / STATE_NAME).is_file():
+            found.append((int(suffix), path))
+    return [path for _, path in sorted(found)]
+
+
+def last_checkpoint(output: str | os.PathLike) -> Path | None:
+    dirs = checkpoint_dirs(output)
+    return dirs[-1] if dirs else None
+
+
+def _replace_dir(source: Path, target: Path) -> None:
+    """Move a finished temporary directory into place (the old ``target`` is removed first)."""
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(source, target)
+
+
+def _fresh_tmp(path: Path) -> Path:
+    tmp = path.with_name(f".{path.name}.tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    return tmp
+
+
+def save_checkpoint(output: Path, model: RankingModel, optimizer, scheduler, state: TrainerState,
+                    keep: int) -> Path:
+    """Write ``checkpoints/checkpoint-<step>`` atomically (written beside, state last, then renamed) and drop
+    the oldest beyond ``keep``."""
+    target = output / CHECKPOINTS_DIR / f"{CHECKPOINT_PREFIX}{state.global_step}"
+    tmp = _fresh_tmp(target)
+    model.save_pretrained(tmp)
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+    torch.save({"torch": torch.get_rng_state()}, tmp / "rng_state.pth")
+    (tmp / STATE_NAME).write_text(json.dumps(dataclasses.asdict(state), indent=2) + "\n")
+    _replace_dir(tmp, target)
+    for old in checkpoint_dirs(output)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return target
+
+
+def _export_model(source_dir: Path, output: Path) -> None:
+    """Copy a save_pretrained directory's files into ``output`` (top level), weights and config last."""
+    files = sorted((p for p in source_dir.iterdir() if p.is_file()),
+                   key=lambda p: p.name in (WEIGHTS_NAME, CONFIG_NAME))
+    for path in files:
+        if path.suffix in (".pt", ".pth") or path.name == STATE_NAME:
+            continue
+        tmp = output / f".{path.name}.tmp"
+        shutil.copyfile(path, tmp)
+        os.replace(tmp, output / path.name)
+
+
+def progress_interval() -> float:
+    """Seconds between progress-bar refreshes: live on a terminal, sparse in a log file."""
+    import sys
+
+    return 0.5 if sys.stderr.isatty() else 30.0
+
+
+def _make_scheduler(optimizer, name: str, warmup_steps: int, total_steps: int):
+    from transformers import get_scheduler
+
+    hf_name = {"linear": "linear", "constant": "constant_with_warmup", "cosine": "cosine"}[name]
+    return get_scheduler(hf_name, optimizer, num_warmup_steps=warmup_steps, num_training_steps=total_steps)
+
+
+def _check_resume_args(path: Path, settings: TrainingSettings) -> None:
+    if not path.is_file():
+        return
+    saved = json.loads(path.read_text())
+    current = json.loads(json.dumps(settings.to_dict()))  # the same JSON normalisation as the saved copy
+    differing = [name for name in RESUME_MUST_MATCH if saved.get(name) != current.get(name)]
+    if differing:
+        details = ", ".join(f"{name}: {saved.get(name)!r} → {current.get(name)!r}" for name in differing)
+        raise ValueError(f"--resume with settings that differ from the interrupted run ({details}); "
+                         "use a new --output, or the original settings")
+
+
+# --------------------------------------------------------------------------------------------------- the loop
+
+
+class _EpochOrder:
+    """The group order of each epoch: a permutation seeded by ``(seed, epoch)``, cached for the current epoch."""
+
+    def __init__(self, num_groups: int, seed: int):
+        self.num_groups, self.seed = num_groups, seed
+        self._epoch, self._order = None, None
+
+    def __call__(self, epoch: int) -> list[int]:
+        if epoch != self._epoch:
+            generator = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
+            self._epoch, self._order = epoch, torch.randperm(self.num_groups, generator=generator).tolist()
+        return self._order
+
+
+def train(
+    settings: TrainingSettings,
+    *,
+    resume: bool = False,
+    groups: list[TrainingGroup] | None = None,
+    evaluator=None,
+    on_step_end: Callable[[TrainerState], None] | None = None,
+    progress: bool = True,
+) -> TrainingResult:
+    """Train ``settings.model_type`` on the triples and save the best/final model to ``settings.output``.
+
+    Args:
+        resume: continue from the last complete checkpoint in ``output/checkpoints`` (a fresh start when there
+            is none); the settings must match the interrupted run's (:data:`RESUME_MUST_MATCH`).
+        groups: training groups to use instead of reading ``settings.triples`` (tests, programmatic use).
+        evaluator: ``model → {"MRR@10": ...}``, instead of one built from the ``dev_*`` settings.
+        on_step_end: called with the state after every optimiser step (after any evaluation and checkpoint).
+        progress: show a tqdm bar (loss, learning rate).
+
+    Returns:
+        A :class:`TrainingResult`; the model in it is the one saved in ``output`` (best or final).
+    """
+    from tqdm.auto import tqdm
+
+    started = time.perf_counter()
+    output = Path(settings.output)
+    output.mkdir(parents=True, exist_ok=True)
+    checkpoint = last_checkpoint(output) if resume else None
+    if resume and checkpoint is None:
+        logger.warning("--resume: no checkpoint in %s yet; starting from the beginning", output / CHECKPOINTS_DIR)
+    if checkpoint is not None:
+        _check_resume_args(output / ARGS_NAME, settings)
+    else:
+        (output / ARGS_NAME).write_text(json.dumps(settings.to_dict(), indent=2, sort_keys=True) + "\n")
+
+    seed_everything(settings.seed)
+    if groups is None:
+        groups = load_groups(settings.triples, settings.negatives_per_example, settings.max_triples)
+    steps_per_epoch = len(groups) // settings.groups_per_step
+    if steps_per_epoch == 0:
+        raise ValueError(f"{len(groups)} training groups are fewer than one batch of {settings.groups_per_step}")
+    total_steps = settings.max_steps or max(1, math.ceil(settings.epochs * steps_per_epoch))
+
+    if checkpoint is not None:
+        model = model_class(settings.model_type).from_pretrained(checkpoint)
+        state = TrainerState.load(checkpoint / STATE_NAME)
+        logger.info("resuming from %s (step %d of %d)", checkpoint, state.global_step, total_steps)
+    else:
+        model = build_model(settings.model_type, settings.init, settings.model_args)
+        state = TrainerState()
+    trainable = select_trainable(model, settings.train_modules)
+    groups_for_optimizer = parameter_groups(model, settings.lr, settings.head_lr, settings.weight_decay)
+    optimizer = torch.optim.AdamW(groups_for_optimizer, lr=settings.lr, weight_decay=settings.weight_decay)
+    scheduler = _make_scheduler(optimizer, settings.scheduler, settings.warmup_steps, total_steps)
+    if checkpoint is not None:
+        optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", weights_only=True))
+        scheduler.load_state_dict(torch.load(checkpoint / "scheduler.pt", weights_only=True))
+        torch.set_rng_state(torch.load(checkpoint / "rng_state.pth", weights_only=True)["torch"])
+    logger.info("%s: %d trainable parameters in %d tensors (%s); %d groups, %d steps/epoch, %d steps",
+                settings.model_type, count_parameters(p for p in model.parameters() if p.requires_grad),
+                len(trainable), settings.train_modules, len(groups), steps_per_epoch, total_steps)
+
+    if evaluator is None and settings.eval_every is not None:
+        evaluator = _build_evaluator(settings)
+    collate = GroupCollator(model)
+    order = _EpochOrder(len(groups), settings.seed)
+    micro_groups = settings.groups_per_step // settings.grad_accum
+    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if settings.bf16 else contextlib.nullcontext
+    device = next(model.parameters()).device
+    resumed_from = state.global_step if checkpoint is not None else None
+    start_step = state.global_step
+    pairs_done, loop_started = 0, time.perf_counter()
+    running_loss, running_count = 0.0, 0
+
+    model.train()
+    bar = tqdm(total=total_steps, initial=state.global_step, desc=f"train {settings.model_type}", unit="step",
+               disable=not progress, dynamic_ncols=True, mininterval=progress_interval())
+    try:
+        while state.global_step < total_steps and not state.stopped_early:
+            step = state.global_step
+            epoch, position = divmod(step, steps_per_epoch)
+            indices = order(epoch)[position * settings.groups_per_step:(position + 1) * settings.groups_per_step]
+            step_loss = 0.0
+            for start in range(0, len(indices), micro_groups):
+                batch = collate([groups[i] for i in indices[start:start + micro_groups]])
+                pairs_done += int(batch["labels"].numel())
+                with autocast():
+                    loss = ranking_loss(model, batch_to_device(batch, device), settings.loss, settings.margin)
+                (loss / settings.grad_accum).backward()
+                step_loss += float(loss.detach()) / settings.grad_accum
+            if not math.isfinite(step_loss):
+                raise FloatingPointError(f"the loss became {step_loss} at step {step + 1}; lower the learning rate")
+            if settings.max_grad_norm:
+                torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
+                                               settings.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            state.global_step += 1
+            running_loss, running_count = running_loss + step_loss, running_count + 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{step_loss:.4f}", lr=f"{scheduler.get_last_lr()[0]:.2e}")
+            done = state.global_step >= total_steps
+            if state.global_step % settings.logging_steps == 0 or done:
+                seconds = time.perf_counter() - loop_started
+                entry = {"step": state.global_step, "epoch": round(state.global_step / steps_per_epoch, 4),
+                         "loss": running_loss / running_count, "lr": scheduler.get_last_lr()[0],
+                         "pairs_per_second": pairs_done / seconds if seconds > 0 else None}
+                state.log_history.append(entry)
+                logger.info("step %d: loss %.4f, lr %.2e", entry["step"], entry["loss"], entry["lr"])
+                running_loss, running_count = 0.0, 0
+            if evaluator is not None and settings.eval_every and (
+                    state.global_step % settings.eval_every == 0 or done):
+                _evaluate(model, evaluator, state, settings, output)
+            if state.global_step % settings.save_steps == 0 or done or state.stopped_early:
+                save_checkpoint(output, model, optimizer, scheduler, state, settings.save_total_limit)
+            if on_step_end is not None:
+                on_step_end(state)
+    finally:
+        bar.close()
+
+    best_dir = output / CHECKPOINTS_DIR / BEST_DIR
+    if state.best_step is not None and best_dir.is_dir():
+        _export_model(best_dir, output)
+        final_model = model_class(settings.model_type).from_pretrained(output)
+    else:
+        model.save_pretrained(output)
+        final_model = model.eval()
+    seconds = time.perf_counter() - started
+    loop_seconds = time.perf_counter() - loop_started
+    result = TrainingResult(
+        output=str(output), model=final_model, global_step=state.global_step, total_steps=total_steps,
+        resumed_from=resumed_from, best_step=state.best_step, best_metric=state.best_metric,
+        stopped_early=state.stopped_early, seconds=seconds,
+        pairs_per_second=pairs_done / loop_seconds if loop_seconds > 0 and state.global_step > start_step else 0.0,
+        log_history=state.log_history,
+    )
+    summary = {f.name: getattr(result, f.name) for f in dataclasses.fields(result) if f.name != "model"}
+    (output / SUMMARY_NAME).write_text(json.dumps(summary, indent=2) + "\n")
+    return result
+
+
+def _build_evaluator(settings: TrainingSettings):
+    from .dev import DevEvaluator, gather_dev_candidates
+
+    candidates = gather_dev_candidates(
+        settings.dev_topics, settings.dev_qrels, index=settings.dev_index, run=settings.dev_run,
+        collection=settings.dev_collection, depth=settings.dev_depth, max_queries=settings.dev_max_queries,
+        threads=settings.threads,
+    )
+    logger.info("dev evaluation: %d queries, %d candidate pairs", len(candidates.queries), candidates.num_pairs)
+    return DevEvaluator(candidates, bf16=settings.bf16)
+
+
+def _evaluate(model: RankingModel, evaluator, state: TrainerState, settings: TrainingSettings,
+              output: Path) -> None:
+    """Evaluate, record, keep the best model, count evaluations without improvement."""
+    started = time.perf_counter()
+    metrics = evaluator(model)
+    metric = float(metrics["MRR@10"])
+    improved = state.best_metric is None or metric > state.best_metric
+    state.log_history.append({"step": state.global_step, **{f"dev_{k}": v for k, v in metrics.items()},
+                              "dev_seconds": time.perf_counter() - started})
+    logger.info("step %d: dev MRR@10 %.4f%s", state.global_step, metric,
+                " (best so far)" if improved else f" (best {state.best_metric:.4f} at step {state.best_step})")
+    if improved:
+        state.best_metric, state.best_step = metric, state.global_step
+        state.evaluations_without_improvement = 0
+        best = output / CHECKPOINTS_DIR / BEST_DIR
+        best.parent.mkdir(parents=True, exist_ok=True)
+        tmp = _fresh_tmp(best)
+        model.save_pretrained(tmp)
+        (tmp / "best.json").write_text(json.dumps({"step": state.global_step, "MRR@10": metric}) + "\n")
+        _replace_dir(tmp, best)
+    else:
+        state.evaluations_without_improvement += 1
+        patience = settings.early_stopping_patience
+        if patience is not None and state.evaluations_without_improvement >= patience:
+            logger.info("early stopping at step %d: no improvement in %d evaluations", state.global_step, patience)
+            state.stopped_early = True
+
+
+__all__ = ["TrainingSettings", "TrainerState", "TrainingResult", "train", "build_model", "seed_everything",
+           "checkpoint_dirs", "last_checkpoint", "save_checkpoint"]
