@@ -102,23 +102,32 @@ def open_searcher(index: str | os.PathLike | ResolvedIndex):
 
 
 def document_text(document) -> str:
-    """The text of a Pyserini ``Document``: its stored ``contents``, else the ``contents``/``text`` of its raw JSON."""
+    """The text of a Pyserini ``Document``: its stored ``contents``, else the ``contents``/``text`` of its raw JSON.
+
+    Raises:
+        MissingDocumentTextError: when the index stores neither (built without ``--storeRaw``/``--storeContents``).
+    """
     contents = document.contents()
     if contents:
         return contents
     raw = document.raw()
-    if raw:
-        try:
-            record = json.loads(raw)
-        except ValueError:
-            return raw
-        if isinstance(record, dict):
-            for key in ("contents", "text", "passage", "body"):
-                if isinstance(record.get(key), str):
-                    title = record.get("title")
-                    return f"{title} {record[key]}" if isinstance(title, str) and title else record[key]
+    if raw is None:
+        if contents is None:
+            raise MissingDocumentTextError(
+                f"the index stores no text for document {document.docid()} (built without --storeRaw or "
+                "--storeContents); pass --collection with the collection file"
+            )
+        return ""
+    try:
+        record = json.loads(raw)
+    except ValueError:
         return raw
-    return ""
+    if isinstance(record, dict):
+        for key in ("contents", "text", "passage", "body"):
+            if isinstance(record.get(key), str):
+                title = record.get("title")
+                return f"{title} {record[key]}" if isinstance(title, str) and title else record[key]
+    return raw
 
 
 class MissingDocumentTextError(ValueError):
@@ -132,13 +141,7 @@ def fetch_texts(searcher, docids: list[str]) -> list[str]:
         document = searcher.doc(docid)
         if document is None:
             raise KeyError(f"document {docid} is not in the index")
-        text = document_text(document)
-        if not text and document.raw() is None and document.contents() is None:
-            raise MissingDocumentTextError(
-                f"the index stores no text for document {docid} (built without --storeRaw/--storeContents); "
-                "pass --collection with the collection file"
-            )
-        texts.append(text)
+        texts.append(document_text(document))
     return texts
 
 
@@ -148,13 +151,7 @@ def iter_index_documents(searcher, start_row: int = 0) -> Iterator[tuple[int, st
         document = searcher.doc(row)
         if document is None:
             raise MissingDocumentTextError(f"Lucene document {row} cannot be read (deleted?)")
-        text = document_text(document)
-        if not text and document.raw() is None and document.contents() is None:
-            raise MissingDocumentTextError(
-                f"the index stores no text (document {document.docid()}); rebuild it with --storeRaw or pass "
-                "--collection with the collection file"
-            )
-        yield row, document.docid(), text
+        yield row, document.docid(), document_text(document)
 
 
 def index_docids(searcher) -> list[str]:

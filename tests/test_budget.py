@@ -163,6 +163,8 @@ def test_fit_recovers_a_line_and_never_goes_negative():
         (0.1 + 50.0 + 204.0) / (1 + 100 + 400))
     flat = Calibration.fit([(1, 3.0), (10, 2.0), (100, 2.5)])  # noise on a constant cost
     assert flat.per_candidate_ms == 0.0 and flat.fixed_ms == 2.5
+    assert flat.max_relative_error == pytest.approx(0.25)  # 2.5 predicted where 2.0 was measured
+    assert line.max_relative_error == pytest.approx(0.0, abs=1e-9)
     assert Calibration.fit([]).predict_ms(100) == 0.0
 
 
@@ -216,7 +218,7 @@ def test_a_budgeted_search_calibrates_on_first_use(tiny_index, tiny_maxsim_dir, 
 
 def test_sweep_command_writes_table_json_and_plot(tiny_index, tiny_maxsim_dir, maxsim_sidecar, tmp_path, capsys):
     from pyserini_mores.eval.metrics import evaluate
-    from pyserini_mores.formats import read_run
+    from pyserini_mores.formats import read_qrels, read_run
 
     out = tmp_path / "sweep"
     code = budget_main(["--index", str(tiny_index), "--topics", str(TOPICS), "--qrels", str(QRELS),
@@ -256,6 +258,14 @@ def test_sweep_command_writes_table_json_and_plot(tiny_index, tiny_maxsim_dir, m
         bm25_metrics["MRR@10"])
     printed = capsys.readouterr().out
     assert "Calibration maxsim:" in printed and "| maxsim | 1000 |" in printed
+
+    # With --max-queries, metrics average over the judged queries swept, not over all of the qrels.
+    assert budget_main(["--index", str(tiny_index), "--topics", str(TOPICS), "--qrels", str(QRELS), "--rerankers",
+                        "bm25", "--budgets", "0", "--max-queries", "2", "--output-dir", str(tmp_path / "two")]) == 0
+    [row] = json.loads((tmp_path / "two" / "budget_sweep.json").read_text())["rows"]
+    two_qrels = {qid: judgments for qid, judgments in read_qrels(QRELS).items() if qid in ("q1", "q2")}
+    assert row["queries"] == 2 and row["metrics"] == pytest.approx(
+        evaluate({qid: bm25_run[qid] for qid in ("q1", "q2")}, two_qrels, ["MRR@10", "nDCG@10"]).aggregate)
 
 
 def test_sweep_command_errors(tiny_index, tiny_maxsim_dir, maxsim_sidecar, tmp_path, capsys):

@@ -204,3 +204,19 @@ def test_cli_reports_malformed_topics_line_and_missing_sidecar(tiny_index, tiny_
     assert "python -m pyserini_mores.sidecar build" in capsys.readouterr().err
     assert search_main(["--index", str(tmp_path / "nope"), "--topics", str(TOPICS)]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_topics_by_pyserini_name_fail_offline_with_a_hint(monkeypatch):
+    """Pyserini downloads topics by name; without a network the error says to pass a file instead."""
+    from pyserini_mores.search.__main__ import load_qrels, load_topics
+
+    with pytest.raises(FileNotFoundError, match="topics file missing/topics.tsv does not exist"):
+        load_topics("missing/topics.tsv")
+    try:
+        topics = load_topics("msmarco-passage-dev-subset")
+    except FileNotFoundError as error:  # offline (as here): the message names the remedy
+        assert "offline, pass a qid<TAB>text TSV file" in str(error)
+    else:  # a machine with a network really gets the topics
+        assert len(topics) == 6980
+    with pytest.raises(FileNotFoundError, match="qrels file nope.txt does not exist"):
+        load_qrels("nope.txt")

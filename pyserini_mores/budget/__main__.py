@@ -51,6 +51,9 @@ def define_budget_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--b", type=float, default=None, help="BM25 b (default: Pyserini's for the index)")
     parser.add_argument("--batch-size", type=int, default=16, help="queries per BM25 batch")
     parser.add_argument("--threads", type=int, default=1, help="BM25 threads")
+    parser.add_argument("--torch-threads", type=int, default=None, metavar="N",
+                        help="torch intra-op threads for the rerankers (default: torch's; part of the calibration "
+                             "key). On a machine shared with other work, 1 gives steadier timings")
     parser.add_argument("--max-queries", type=int, default=None, help="only the first N topics")
     parser.add_argument("--recalibrate", action="store_true",
                         help="measure every reranker's cost again instead of using the cached calibration")
@@ -111,6 +114,10 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
         topics = dict(list(topics.items())[:args.max_queries])
     qrels = load_qrels(qrels_arg)
 
+    if args.torch_threads:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
     searchers = {}
     try:
         for spec in specs:
@@ -122,6 +129,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
                     "index": str(first.index.path), "topics": topics_arg, "qrels": qrels_arg,
                     "queries": len(topics), "rerank_depth": args.rerank_depth, "hits": args.hits,
                     "precision": args.precision, "rerank_batch_size": args.rerank_batch_size,
+                    "torch_threads": _torch_threads(),
                     "rerankers": {label: {"name": spec.name, "model": spec.model, "overrides": spec.overrides,
                                           "sidecar": str(searchers[label].sidecar_path or "")}
                                   for label, spec in zip(searchers, specs)},
@@ -135,8 +143,10 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
             searcher.close()
 
     for label, calibration in result.calibrations.items():
-        print(f"Calibration {label}: {calibration.describe()}")
-    title = f"{first.index.path.name}: {len(topics)} queries, rerank depth ≤ {args.rerank_depth}"
+        print(f"Calibration {label}: {calibration.describe()} (within {calibration.max_relative_error:.0%} of the "
+              f"measured medians at {', '.join(str(n) for n, _ in calibration.points)} candidates)")
+    index_name = first.index.prebuilt_name or f"{first.index.path.parent.name}/{first.index.path.name}"
+    title = f"{index_name}: {len(topics)} queries, rerank depth ≤ {args.rerank_depth}"
     paths = write_outputs(result, args.output_dir, title=title)
     if args.save_runs:
         write_runs(result, paths["tsv"].parent / "runs")
@@ -165,6 +175,12 @@ def open_searcher_for(spec, index, args, sample):
         ensure_sample_sidecar(sample, searcher.reranker)
         searcher._attach_sidecar("auto", required=True)
     return searcher
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def write_runs(result, directory) -> None:

@@ -123,6 +123,10 @@ def run_sweep(searchers: dict[str, Any], topics: dict[str, str], qrels: dict[str
     if any(not budget >= 0 for budget in budgets):
         raise ValueError(f"budgets must be >= 0 ms, got {list(budgets)}")
     budgets = list(dict.fromkeys(float(budget) for budget in budgets))
+    # Metrics average over the judged queries that were swept (not over every query of the qrels).
+    qrels = {qid: judgments for qid, judgments in qrels.items() if qid in topics}
+    if not any(grade > 0 for judgments in qrels.values() for grade in judgments.values()):
+        raise ValueError("none of the topics has a relevant document in the qrels")
     calibrations = {}
     for label, searcher in searchers.items():
         calibrations[label] = searcher.calibrate(recalibrate=recalibrate)
@@ -217,16 +221,20 @@ def plot_sweep(rows: Sequence[SweepRow], path: str | Path, *, title: str = "") -
     finite = sorted({row.budget_ms for row in rows if math.isfinite(row.budget_ms)})
     labels = list(dict.fromkeys(row.reranker for row in rows))
     for axis, metric in zip(axes, SWEEP_METRICS):
-        for label in labels:
+        for line_index, label in enumerate(labels):
+            color = f"C{line_index % 10}"
             points = sorted((row.budget_ms, row.metrics[metric], row.depth_median)
                             for row in rows if row.reranker == label and math.isfinite(row.budget_ms))
-            if not points:
-                continue
-            xs, ys, ds = zip(*points)
-            axis.plot(xs, ys, marker="o", label=label)
-            for x, y, d in points:
-                axis.annotate(f"{d:g}", (x, y), textcoords="offset points", xytext=(0, 5), fontsize=7,
-                              ha="center")
+            if points:
+                xs, ys, _ = zip(*points)
+                axis.plot(xs, ys, marker="o", color=color, label=label)
+                for x, y, depth in points:  # stacked per line, so that labels of overlapping lines stay legible
+                    axis.annotate(f"{depth:g}", (x, y), textcoords="offset points", xytext=(0, 5 + 8 * line_index),
+                                  fontsize=7, ha="center", color=color)
+            for row in rows:
+                if row.reranker == label and math.isinf(row.budget_ms):
+                    axis.axhline(row.metrics[metric], color=color, linestyle="--", linewidth=1, alpha=0.6,
+                                 label=f"{label}, no budget (depth {row.depth_median:g})")
         positive = [budget for budget in finite if budget > 0]
         if positive and len(finite) > 1:
             if positive != finite:  # a budget of 0 on a log axis: linear around 0
@@ -236,6 +244,7 @@ def plot_sweep(rows: Sequence[SweepRow], path: str | Path, *, title: str = "") -
             axis.set_xticks(finite)
             axis.set_xticklabels([f"{budget:g}" for budget in finite])
             axis.minorticks_off()
+        axis.margins(y=0.15)  # room for the depth labels above the highest line
         axis.set_xlabel("rerank time budget per query (ms, BM25 excluded)")
         axis.set_ylabel(metric)
         axis.set_title(f"{metric} vs time budget (labels: median rerank depth)", fontsize=9)

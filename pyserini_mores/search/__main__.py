@@ -86,6 +86,8 @@ def run_search(args: argparse.Namespace) -> int:
     if args.max_queries:
         topics = dict(list(topics.items())[:args.max_queries])
     qrels = load_qrels(qrels_arg) if qrels_arg else None
+    if qrels is not None:  # judge only the topics searched (--max-queries), else the missing ones count as 0
+        qrels = {qid: judged for qid, judged in qrels.items() if qid in topics}
 
     reranker_kwargs = {}
     if reranker_name != "bm25":
@@ -161,41 +163,34 @@ def load_topics(spec: str) -> dict[str, str]:
 
     if Path(spec).is_file():
         return read_topics(spec)
-    if "/" in spec or spec.endswith((".tsv", ".txt")):
-        raise FileNotFoundError(f"topics file {spec} does not exist")
-    from .._jvm import import_pyserini
-
-    search = import_pyserini("pyserini.search")
-    try:
-        topics = search.get_topics(spec)
-    except Exception as error:  # Pyserini raises Java exceptions when it cannot download topics
-        raise FileNotFoundError(
-            f"topics '{spec}' is not a file and Pyserini could not load it by name "
-            f"({str(error).splitlines()[0]}); offline, pass a qid<TAB>text TSV file"
-        ) from error
+    topics = _from_pyserini("topics", spec, lambda search: search.get_topics(spec), "a qid<TAB>text TSV file")
     if not topics:
         raise ValueError(f"unknown topics name '{spec}'")
     return {str(qid): (value.get("title") or value.get("text") or "") for qid, value in topics.items()}
 
 
 def load_qrels(spec: str) -> dict[str, dict[str, int]]:
+    """A TREC qrels file, or a Pyserini qrels name."""
     from ..formats import read_qrels
 
     if Path(spec).is_file():
         return read_qrels(spec)
+    return read_qrels(_from_pyserini("qrels", spec, lambda search: search.get_qrels_file(spec), "a TREC qrels file"))
+
+
+def _from_pyserini(kind: str, spec: str, load, offline_hint: str):
+    """Load topics/qrels by Pyserini name, turning its download failures into a message that says what to do."""
     if "/" in spec or spec.endswith((".tsv", ".txt")):
-        raise FileNotFoundError(f"qrels file {spec} does not exist")
+        raise FileNotFoundError(f"{kind} file {spec} does not exist")
     from .._jvm import import_pyserini
 
-    search = import_pyserini("pyserini.search")
     try:
-        path = search.get_qrels_file(spec)
-    except Exception as error:
+        return load(import_pyserini("pyserini.search"))
+    except Exception as error:  # Pyserini raises Java exceptions or URLErrors when it cannot download
         raise FileNotFoundError(
-            f"qrels '{spec}' is not a file and Pyserini could not load it by name "
-            f"({str(error).splitlines()[0]}); offline, pass a TREC qrels file"
+            f"{kind} '{spec}' is not a file and Pyserini could not load it by name "
+            f"({str(error).splitlines()[0] if str(error) else type(error).__name__}); offline, pass {offline_hint}"
         ) from error
-    return read_qrels(path)
 
 
 def print_metrics(qrels, runs: dict[str, dict]) -> None:

@@ -35,6 +35,10 @@ CALIBRATION_FORMAT_VERSION = 1
 CALIBRATION_SIZES = (1, 10, 25, 50, 100, 250, 500, 1000, 2000, 5000)
 #: Words of a document used as a calibration query: MS MARCO-like query lengths.
 QUERY_WORDS = 6
+#: A line further than this (relative) from a measured median is reported as a noisy calibration ...
+NOISY_FIT = 0.5
+#: ... among the medians of at least this many ms (shorter timings are all jitter, and harmless).
+NOISE_FLOOR_MS = 2.0
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,7 @@ class Calibration:
                 "per_candidate_ms": self.per_candidate_ms,
                 "points": [{"candidates": n, "median_ms": ms} for n, ms in self.points],
                 "max_candidates": self.max_candidates, "key": self.key, "measured_at": self.measured_at,
+                "max_relative_error": self.max_relative_error,
                 "timed": "rerank stage per query (text fetch if needed, query encoding, sidecar reads, scoring, "
                          "sorting); BM25 excluded"}
 
@@ -115,6 +120,13 @@ class Calibration:
                    points=tuple((int(p["candidates"]), float(p["median_ms"])) for p in values["points"]),
                    max_candidates=int(values["max_candidates"]), key=dict(values["key"]),
                    measured_at=str(values["measured_at"]))
+
+    @property
+    def max_relative_error(self) -> float:
+        """The worst relative gap between the line and a measured point of at least :data:`NOISE_FLOOR_MS`
+        (shorter timings are all jitter): large when the machine was busy while measuring."""
+        return max((abs(self.predict_ms(n) - ms) / ms for n, ms in self.points if ms >= NOISE_FLOOR_MS),
+                   default=0.0)
 
     def describe(self) -> str:
         return f"{self.fixed_ms:.3g} ms + {self.per_candidate_ms:.3g} ms/candidate"
@@ -228,8 +240,12 @@ def calibrate(searcher, *, recalibrate: bool = False, cache_dir: str | os.PathLi
                            time_limit_s=time_limit_s)
     calibration = Calibration.fit(points, max_candidates=wanted, key=key,
                                   measured_at=datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
-    logger.info("calibrated %s: %s (%s)", key["reranker"], calibration.describe(),
-                ", ".join(f"{n}: {ms:.1f} ms" for n, ms in points))
+    measured = ", ".join(f"{n}: {ms:.1f} ms" for n, ms in points)
+    logger.info("calibrated %s: %s (%s)", key["reranker"], calibration.describe(), measured)
+    if calibration.max_relative_error > NOISY_FIT:
+        logger.warning("calibration of %s is noisy: %s does not fit the medians (%s) within %.0f%%; other load "
+                       "on this machine skews timings; recalibrate when it is quiet", key["reranker"],
+                       calibration.describe(), measured, NOISY_FIT * 100)
     _write_json_atomically(path, calibration.to_dict())
     return calibration
 
