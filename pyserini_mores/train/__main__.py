@@ -62,7 +62,8 @@ def define_train_args(parser: argparse.ArgumentParser) -> None:
                                                        "checkpoints, logs)")
     opt = parser.add_argument_group("optimisation")
     opt.add_argument("--loss", choices=LOSSES, default=S,
-                     help="pointwise 2-class CE (MORES default), pairwise hinge, listwise softmax CE")
+                     help="pointwise 2-class CE, pairwise hinge, listwise softmax CE (default: each paper's: pointwise "
+                          "for MORES and the cross-encoder, listwise = pairwise softmax for PreTTR, hinge for TK)")
     opt.add_argument("--margin", type=float, default=S, help="pairwise hinge margin (default 1, TK)")
     opt.add_argument("--train-modules", choices=TRAIN_MODULES, default=S,
                      help="MORES adapt-interaction / adapt-representation: train only those modules")
@@ -89,14 +90,17 @@ def define_train_args(parser: argparse.ArgumentParser) -> None:
     dev.add_argument("--dev-collection", default=S, help="dev document text from a collection file")
     dev.add_argument("--dev-depth", type=int, default=S, help="candidates reranked per dev query (default 100)")
     dev.add_argument("--dev-max-queries", type=int, default=S, help="evaluate only the first N dev queries")
-    dev.add_argument("--eval-every", type=int, default=S, metavar="STEPS")
-    dev.add_argument("--early-stopping-patience", type=int, default=S, metavar="EVALUATIONS")
+    dev.add_argument("--eval-every", type=int, default=S, metavar="STEPS", help="0 turns a recipe's dev "
+                                                                                "evaluation off")
+    dev.add_argument("--early-stopping-patience", type=int, default=S, metavar="EVALUATIONS",
+                     help="stop after this many evaluations without a better MRR@10 (0: never)")
     run = parser.add_argument_group("run")
     run.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --output")
     run.add_argument("--logging-steps", type=int, default=S)
     run.add_argument("--save-steps", type=int, default=S, help="checkpoint every N steps (default 500)")
     run.add_argument("--save-total-limit", type=int, default=S, help="checkpoints kept (default 2)")
     run.add_argument("--threads", type=int, default=S, help="BM25 threads for dev candidates")
+    run.add_argument("--device", default=S, help="cpu, cuda, cuda:1, ... (default: cuda when available)")
     run.add_argument("--quiet", action="store_true", help="no progress bar or log lines")
 
 
@@ -118,6 +122,7 @@ def define_compressor_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-pairs", type=int, default=S)
     parser.add_argument("--seed", type=int, default=S)
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=S)
+    parser.add_argument("--device", default=S, help="cpu, cuda, ... (default: cuda when available)")
     parser.add_argument("--quiet", action="store_true")
 
 

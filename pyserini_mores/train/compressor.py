@@ -88,17 +88,22 @@ def _is_prettr_checkpoint(directory: Path) -> bool:
     return values.get("model_type") == "prettr" and "architectures" not in values
 
 
+def _pair_loss(model, chunk: Sequence[tuple[str, str]], device: torch.device) -> torch.Tensor:
+    query_batch = {k: v.to(device) for k, v in model.tokenize_queries([q for q, _ in chunk]).items()}
+    doc_batch = {k: v.to(device) for k, v in model.tokenize_documents([d for _, d in chunk]).items()}
+    return model.attention_mse_loss(query_batch, doc_batch)
+
+
 @torch.no_grad()
 def heldout_attention_mse(model, pairs: Sequence[tuple[str, str]], batch_size: int = 16, bf16: bool = False) -> float:
     """Mean :meth:`attention_mse_loss` over ``pairs`` (weighted by batch size)."""
+    device = next(model.parameters()).device
     total, count = 0.0, 0
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
     with autocast:
         for start in range(0, len(pairs), batch_size):
             chunk = pairs[start:start + batch_size]
-            loss = model.attention_mse_loss(model.tokenize_queries([q for q, _ in chunk]),
-                                            model.tokenize_documents([d for _, d in chunk]))
-            total += float(loss) * len(chunk)
+            total += float(_pair_loss(model, chunk, device)) * len(chunk)
             count += len(chunk)
     return total / max(count, 1)
 
@@ -118,6 +123,7 @@ def pretrain_compressor(
     max_pairs: int | None = None,
     seed: int = 42,
     bf16: bool = False,
+    device: str | None = None,
     progress: bool = True,
 ) -> CompressorResult:
     """Pre-train the compressor of a PreTTR model and ``save_pretrained`` it (whole model) to ``output``.
@@ -134,6 +140,8 @@ def pretrain_compressor(
         raise ValueError("steps and batch_size must be at least 1")
     seed_everything(seed)
     model = load_prettr_for_compressor(init, model_args)
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model.to(device)
     pairs = compressor_pairs(texts, queries=queries, max_pairs=max_pairs, seed=seed)
     heldout_pairs = min(heldout_pairs, len(pairs) // 2)
     heldout, train_pairs = pairs[:heldout_pairs], pairs[heldout_pairs:]
@@ -142,10 +150,10 @@ def pretrain_compressor(
     trainable = model.freeze_all_but_compressor()
     optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=0.0)
     scheduler = get_scheduler("constant_with_warmup", optimizer, num_warmup_steps=warmup_steps)
-    loss_before = heldout_attention_mse(model, heldout, batch_size, bf16)
+    loss_before = heldout_attention_mse(model, heldout, batch_size)  # fp32: the reported number
     logger.info("held-out attention MSE before: %.6g (%d pairs)", loss_before, len(heldout))
 
-    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
+    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
     generator = torch.Generator().manual_seed(seed)
     order: list[int] = []
     bar = tqdm(total=steps, desc="pretrain compressor", unit="step", disable=not progress, dynamic_ncols=True,
@@ -159,18 +167,17 @@ def pretrain_compressor(
                 indices.append(order.pop())
             chunk = [train_pairs[i] for i in indices]
             with autocast():
-                loss = model.attention_mse_loss(model.tokenize_queries([q for q, _ in chunk]),
-                                                model.tokenize_documents([d for _, d in chunk]))
+                loss = _pair_loss(model, chunk, device)
             loss.backward()
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             bar.update(1)
-            bar.set_postfix(mse=f"{float(loss.detach()):.3g}")
+            bar.set_postfix(mse=f"{float(loss.detach()):.3g}", refresh=False)
     finally:
         bar.close()
 
-    loss_after = heldout_attention_mse(model, heldout, batch_size, bf16)
+    loss_after = heldout_attention_mse(model, heldout, batch_size)
     logger.info("held-out attention MSE after: %.6g", loss_after)
     for parameter in model.parameters():
         parameter.requires_grad_(True)

@@ -101,31 +101,42 @@ def bm25_rankings(index, queries: dict[str, str], depth: int, k1: float | None =
 class DevEvaluator:
     """Scores the fixed dev candidates with a model and evaluates the reranked run.
 
+    Scoring goes through the training ``forward`` on tokenized batches moved to the model's device (equal to the
+    stored-representation path, which the model tests prove), so it works on CPU and GPU alike.
+
     Example::
 
         evaluator = DevEvaluator(gather_dev_candidates("queries.dev.tsv", "qrels.dev.txt", index="index/", depth=30))
         evaluator(model)  # {"MRR@10": 0.74, "nDCG@10": 0.78}
     """
 
-    def __init__(self, candidates: DevCandidates, metrics=DEV_METRICS, bf16: bool = False):
+    def __init__(self, candidates: DevCandidates, metrics=DEV_METRICS, bf16: bool = False, batch_size: int = 64):
         self.candidates = candidates
         self.metrics = tuple(metrics)
         self.bf16 = bf16
+        self.batch_size = batch_size
 
     def rerank(self, model) -> dict[str, dict[str, float]]:
         """``{qid: {docid: score}}`` of every dev candidate under ``model`` (eval mode; mode restored)."""
+        from .objectives import batch_to_device
+
         was_training = model.training
         model.eval()
-        autocast = torch.autocast("cpu", dtype=torch.bfloat16) if self.bf16 else contextlib.nullcontext()
+        device = next(model.parameters()).device
+        autocast = torch.autocast(device.type, dtype=torch.bfloat16) if self.bf16 else contextlib.nullcontext()
         run: dict[str, dict[str, float]] = {}
         try:
             with torch.no_grad(), autocast:
                 for qid, query in self.candidates.queries.items():
                     docs = self.candidates.candidates[qid]
-                    if not docs:
-                        continue
-                    scores = model.score_texts(query, [text for _, text in docs]).float().tolist()
-                    run[qid] = {docid: score for (docid, _), score in zip(docs, scores)}
+                    scores: list[float] = []
+                    for start in range(0, len(docs), self.batch_size):
+                        texts = [text for _, text in docs[start:start + self.batch_size]]
+                        batch = batch_to_device({"query_batch": model.tokenize_queries([query] * len(texts)),
+                                                 "doc_batch": model.tokenize_documents(texts)}, device)
+                        scores.extend(model(batch["query_batch"], batch["doc_batch"]).float().tolist())
+                    if docs:
+                        run[qid] = {docid: score for (docid, _), score in zip(docs, scores)}
         finally:
             model.train(was_training)
         return run
@@ -133,10 +144,9 @@ class DevEvaluator:
     def __call__(self, model) -> dict[str, float]:
         started = time.perf_counter()
         result = evaluate(self.rerank(model), self.candidates.qrels, self.metrics)
-        values = dict(result.aggregate)
         logger.debug("dev evaluation of %d pairs took %.1f s", self.candidates.num_pairs,
                      time.perf_counter() - started)
-        return values
+        return dict(result.aggregate)
 
 
 __all__ = ["DevCandidates", "gather_dev_candidates", "bm25_rankings", "DevEvaluator", "DEV_METRICS"]

@@ -42,7 +42,8 @@ def ranking_loss(model: nn.Module, batch: dict, loss: str = "pointwise", margin:
     query_batch, doc_batch = batch["query_batch"], batch["doc_batch"]
     if loss == "pointwise":
         forward_logits = getattr(model, "forward_logits", None)
-        outputs = forward_logits(query_batch, doc_batch) if forward_logits is not None else model(query_batch, doc_batch)
+        outputs = (forward_logits(query_batch, doc_batch) if forward_logits is not None
+                   else model(query_batch, doc_batch))
         return pointwise_cross_entropy(outputs, batch["labels"].to(outputs.device))
     scores = model(query_batch, doc_batch).view(-1, batch["group_size"])
     if loss == "pairwise":
@@ -88,13 +89,15 @@ def mean_loss(model: nn.Module, groups: Sequence, loss: str = "pointwise", margi
     from .data import GroupCollator
 
     collate = GroupCollator(model)
+    device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     try:
         total, count = 0.0, 0
         for start in range(0, len(groups), batch_size):
             chunk = groups[start:start + batch_size]
-            total += float(ranking_loss(model, collate(chunk), loss, margin)) * len(chunk)
+            batch = batch_to_device(collate(chunk), device)
+            total += float(ranking_loss(model, batch, loss, margin)) * len(chunk)
             count += len(chunk)
     finally:
         model.train(was_training)

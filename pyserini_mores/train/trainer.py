@@ -1,12 +1,13 @@
-"""The training loop: AdamW, linear warm-up and decay, gradient accumulation, bf16 autocast on CPU, seeds, periodic
-dev evaluation with early stopping on MRR@10 and best-checkpoint selection, checkpoints that a killed run resumes from.
+"""The training loop: AdamW, linear warm-up and decay, gradient accumulation, bf16 autocast (CPU or CUDA), seeds,
+periodic dev evaluation with early stopping on MRR@10 and best-checkpoint selection, checkpoints that a killed run
+resumes from.
 
-Why not transformers' ``Trainer``: in transformers 5.x (and 4.x since 4.39) ``TrainingArguments`` refuses to start
-without ``accelerate`` (``ImportError: Using the Trainer with PyTorch requires accelerate>=1.1.0``), which is not a
-dependency of this package. The pieces it would give us are small here and kept compatible: the loss is a
-Trainer-style module (:class:`.objectives.RankingObjective`), the schedule is transformers' ``get_scheduler``, and
-checkpoints use Trainer's layout and file names (``checkpoint-N/`` with ``optimizer.pt``, ``scheduler.pt``,
-``rng_state.pth``, ``trainer_state.json``).
+Why not transformers' ``Trainer`` (measured, transformers 5.x here): ``TrainingArguments`` refuses to start without
+``accelerate`` (``ImportError: Using the Trainer with PyTorch requires accelerate>=1.1.0``), which is not a
+dependency of this package. What it would give us is small here and kept compatible: the loss is a Trainer-style
+module (:class:`.objectives.RankingObjective`, ``forward(**batch) → {"loss": ...}``), the schedules are
+transformers' ``get_scheduler``, and checkpoints use Trainer's file names (``checkpoint-N/`` with ``optimizer.pt``,
+``scheduler.pt``, ``rng_state.pth``, ``trainer_state.json``).
 
 Determinism: the batch of optimizer step ``s`` is a pure function of ``(seed, s)`` (each epoch is a seeded
 permutation of the groups), and checkpoints hold the weights, optimiser, schedule and torch RNG state, so a run
@@ -39,15 +40,9 @@ import torch
 
 from ..models import RankingModel, load_model, model_class
 from ..models.base import CONFIG_NAME, WEIGHTS_NAME
-from .data import GroupCollator, TrainingGroup, load_groups
 from ._choices import LOSSES, SCHEDULERS, TRAIN_MODULES
-from .objectives import (
-    batch_to_device,
-    count_parameters,
-    parameter_groups,
-    ranking_loss,
-    select_trainable,
-)
+from .data import GroupCollator, TrainingGroup, load_groups
+from .objectives import RankingObjective, batch_to_device, count_parameters, parameter_groups, select_trainable
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +52,10 @@ CHECKPOINT_PREFIX = "checkpoint-"
 STATE_NAME = "trainer_state.json"
 ARGS_NAME = "training_args.json"
 SUMMARY_NAME = "training_summary.json"
+#: each paper's loss: MORES pointwise CE (A1) and its BERT baseline trained alike, PreTTR pairwise softmax (= listwise
+#: with one negative), TK pairwise hinge; the MaxSim test model trains like PreTTR
+DEFAULT_LOSSES = {"mores": "pointwise", "cross-encoder": "pointwise", "prettr": "listwise", "tk": "pairwise",
+                  "maxsim": "listwise"}
 #: settings that change the trajectory of a run; --resume refuses to continue with different values
 RESUME_MUST_MATCH = ("model_type", "init", "triples", "loss", "model_args", "train_modules", "batch_size",
                      "grad_accum", "lr", "head_lr", "weight_decay", "warmup_steps", "scheduler", "margin",
@@ -73,7 +72,8 @@ class TrainingSettings:
             TK a GloVe text file (``*.txt``, ``*.txt.gz``).
         triples: ``query \\t positive \\t negative`` file.
         output: the output directory.
-        loss: ``pointwise`` (MORES default), ``pairwise`` (hinge, ``margin``) or ``listwise`` (softmax CE).
+        loss: ``pointwise`` 2-class CE, ``pairwise`` hinge (``margin``) or ``listwise`` softmax CE; ``None`` picks
+            the model's paper loss (:data:`DEFAULT_LOSSES`).
         model_args: config overrides for a model built from a backbone (e.g. ``n_interaction_blocks``).
         train_modules: ``all``, or MORES's ``interaction`` / ``representation``.
         batch_size: training examples per optimiser step — pointwise (query, passage, label) examples for the
@@ -83,16 +83,17 @@ class TrainingSettings:
         warmup_steps: linear warm-up steps (then ``scheduler``: linear decay to 0, constant, or cosine).
         head_lr: learning rate of new layers (score head, TK kernel weights); ``None`` = ``lr``.
         negatives_per_example: ``k``; consecutive triples sharing query and positive are pooled (listwise).
-        eval_every: dev evaluation every this many steps (needs ``dev_topics``, ``dev_qrels`` and ``dev_index``
-            or ``dev_run``); the best model by ``MRR@10`` becomes the output.
-        early_stopping_patience: stop after this many evaluations without improvement.
+        eval_every: dev evaluation every this many steps and after the last (needs ``dev_topics``, ``dev_qrels``
+            and ``dev_index`` or ``dev_run``); the best model by ``MRR@10`` becomes the output. 0/None: off.
+        early_stopping_patience: stop after this many evaluations without improvement. 0/None: never.
+        device: ``cpu``, ``cuda``, ``cuda:1``…; ``None`` = CUDA when available, else CPU.
     """
 
     model_type: str
     init: str
     triples: str
     output: str
-    loss: str = "pointwise"
+    loss: str | None = None
     model_args: dict = field(default_factory=dict)
     train_modules: str = "all"
     max_steps: int | None = None
@@ -123,8 +124,15 @@ class TrainingSettings:
     eval_every: int | None = None
     early_stopping_patience: int | None = None
     threads: int = 1
+    device: str | None = None
 
     def __post_init__(self):
+        # 0 switches a recipe's dev evaluation / early stopping off from the command line
+        self.eval_every = self.eval_every or None
+        self.early_stopping_patience = self.early_stopping_patience or None
+        self.model_args = dict(self.model_args or {})
+        if self.loss is None:
+            self.loss = DEFAULT_LOSSES.get(self.model_type, "pointwise")
         if self.loss not in LOSSES:
             raise ValueError(f"unknown loss '{self.loss}'; choose from {', '.join(LOSSES)}")
         if self.train_modules not in TRAIN_MODULES:
@@ -146,14 +154,16 @@ class TrainingSettings:
         if self.groups_per_step % self.grad_accum:
             raise ValueError(f"{self.groups_per_step} groups per step do not split into grad_accum={self.grad_accum} "
                              "equal micro-batches")
-        if self.eval_every is not None:
-            missing = [name for name in ("dev_topics", "dev_qrels") if getattr(self, name) is None]
-            if self.dev_index is None and self.dev_run is None:
-                missing.append("dev_index or dev_run")
-            if missing:
-                raise ValueError(f"eval_every needs {', '.join(missing)}")
         if self.early_stopping_patience is not None and self.eval_every is None:
             raise ValueError("early_stopping_patience needs eval_every (and dev data)")
+
+    def check_dev_data(self) -> None:
+        """Raise ``ValueError`` when dev evaluation is asked for without the data it needs."""
+        missing = [name for name in ("dev_topics", "dev_qrels") if getattr(self, name) is None]
+        if self.dev_index is None and self.dev_run is None:
+            missing.append("dev_index or dev_run")
+        if missing:
+            raise ValueError(f"eval_every needs {', '.join(missing)}")
 
     @property
     def examples_per_group(self) -> int:
@@ -274,7 +284,10 @@ def save_checkpoint(output: Path, model: RankingModel, optimizer, scheduler, sta
     model.save_pretrained(tmp)
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-    torch.save({"torch": torch.get_rng_state()}, tmp / "rng_state.pth")
+    rng = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    torch.save(rng, tmp / "rng_state.pth")
     (tmp / STATE_NAME).write_text(json.dumps(dataclasses.asdict(state), indent=2) + "\n")
     _replace_dir(tmp, target)
     for old in checkpoint_dirs(output)[:-keep]:
@@ -343,7 +356,7 @@ def train(
     resume: bool = False,
     groups: list[TrainingGroup] | None = None,
     evaluator=None,
-    on_step_end: Callable[[TrainerState], None] | None = None,
+    on_step_end: Callable[[TrainerState, RankingModel], None] | None = None,
     progress: bool = True,
 ) -> TrainingResult:
     """Train ``settings.model_type`` on the triples and save the best/final model to ``settings.output``.
@@ -353,7 +366,8 @@ def train(
             is none); the settings must match the interrupted run's (:data:`RESUME_MUST_MATCH`).
         groups: training groups to use instead of reading ``settings.triples`` (tests, programmatic use).
         evaluator: ``model → {"MRR@10": ...}``, instead of one built from the ``dev_*`` settings.
-        on_step_end: called with the state after every optimiser step (after any evaluation and checkpoint).
+        on_step_end: called with the state and the model after every optimiser step (after any evaluation and
+            checkpoint).
         progress: show a tqdm bar (loss, learning rate).
 
     Returns:
@@ -362,6 +376,8 @@ def train(
     from tqdm.auto import tqdm
 
     started = time.perf_counter()
+    if settings.eval_every is not None and evaluator is None:
+        settings.check_dev_data()
     output = Path(settings.output)
     output.mkdir(parents=True, exist_ok=True)
     checkpoint = last_checkpoint(output) if resume else None
@@ -369,6 +385,9 @@ def train(
         logger.warning("--resume: no checkpoint in %s yet; starting from the beginning", output / CHECKPOINTS_DIR)
     if checkpoint is not None:
         _check_resume_args(output / ARGS_NAME, settings)
+    elif checkpoint_dirs(output):
+        raise ValueError(f"{output} holds checkpoints of an earlier run: continue it with --resume, or train into "
+                         "another --output")
     else:
         (output / ARGS_NAME).write_text(json.dumps(settings.to_dict(), indent=2, sort_keys=True) + "\n")
 
@@ -387,6 +406,8 @@ def train(
     else:
         model = build_model(settings.model_type, settings.init, settings.model_args)
         state = TrainerState()
+    device = torch.device(settings.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model.to(device)
     trainable = select_trainable(model, settings.train_modules)
     groups_for_optimizer = parameter_groups(model, settings.lr, settings.head_lr, settings.weight_decay)
     optimizer = torch.optim.AdamW(groups_for_optimizer, lr=settings.lr, weight_decay=settings.weight_decay)
@@ -394,7 +415,10 @@ def train(
     if checkpoint is not None:
         optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", weights_only=True))
         scheduler.load_state_dict(torch.load(checkpoint / "scheduler.pt", weights_only=True))
-        torch.set_rng_state(torch.load(checkpoint / "rng_state.pth", weights_only=True)["torch"])
+        rng = torch.load(checkpoint / "rng_state.pth", weights_only=True)
+        torch.set_rng_state(rng["torch"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
     logger.info("%s: %d trainable parameters in %d tensors (%s); %d groups, %d steps/epoch, %d steps",
                 settings.model_type, count_parameters(p for p in model.parameters() if p.requires_grad),
                 len(trainable), settings.train_modules, len(groups), steps_per_epoch, total_steps)
@@ -402,13 +426,11 @@ def train(
     if evaluator is None and settings.eval_every is not None:
         evaluator = _build_evaluator(settings)
     collate = GroupCollator(model)
+    objective = RankingObjective(model, settings.loss, settings.margin)
     order = _EpochOrder(len(groups), settings.seed)
     micro_groups = settings.groups_per_step // settings.grad_accum
-    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if settings.bf16 else contextlib.nullcontext
-    device = next(model.parameters()).device
     resumed_from = state.global_step if checkpoint is not None else None
-    start_step = state.global_step
-    pairs_done, loop_started = 0, time.perf_counter()
+    pairs_done, step_seconds = 0, 0.0  # scored (query, passage) pairs and time in optimiser steps only
     running_loss, running_count = 0.0, 0
 
     model.train()
@@ -416,19 +438,15 @@ def train(
                disable=not progress, dynamic_ncols=True, mininterval=progress_interval())
     try:
         while state.global_step < total_steps and not state.stopped_early:
-            step = state.global_step
-            epoch, position = divmod(step, steps_per_epoch)
+            step_started = time.perf_counter()
+            epoch, position = divmod(state.global_step, steps_per_epoch)
             indices = order(epoch)[position * settings.groups_per_step:(position + 1) * settings.groups_per_step]
-            step_loss = 0.0
-            for start in range(0, len(indices), micro_groups):
-                batch = collate([groups[i] for i in indices[start:start + micro_groups]])
-                pairs_done += int(batch["labels"].numel())
-                with autocast():
-                    loss = ranking_loss(model, batch_to_device(batch, device), settings.loss, settings.margin)
-                (loss / settings.grad_accum).backward()
-                step_loss += float(loss.detach()) / settings.grad_accum
+            micro_batches = [collate([groups[i] for i in indices[start:start + micro_groups]])
+                             for start in range(0, len(indices), micro_groups)]
+            step_loss = _forward_backward(objective, micro_batches, settings.bf16, device)
             if not math.isfinite(step_loss):
-                raise FloatingPointError(f"the loss became {step_loss} at step {step + 1}; lower the learning rate")
+                raise FloatingPointError(f"the loss became {step_loss} at step {state.global_step + 1}; "
+                                         "lower the learning rate")
             if settings.max_grad_norm:
                 torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
                                                settings.max_grad_norm)
@@ -436,17 +454,20 @@ def train(
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             state.global_step += 1
+            pairs_done += sum(int(batch["labels"].numel()) for batch in micro_batches)
+            step_seconds += time.perf_counter() - step_started
             running_loss, running_count = running_loss + step_loss, running_count + 1
             bar.update(1)
-            bar.set_postfix(loss=f"{step_loss:.4f}", lr=f"{scheduler.get_last_lr()[0]:.2e}")
+            bar.set_postfix(loss=f"{step_loss:.4f}", lr=f"{scheduler.get_last_lr()[0]:.2e}", refresh=False)
+
             done = state.global_step >= total_steps
             if state.global_step % settings.logging_steps == 0 or done:
-                seconds = time.perf_counter() - loop_started
-                entry = {"step": state.global_step, "epoch": round(state.global_step / steps_per_epoch, 4),
-                         "loss": running_loss / running_count, "lr": scheduler.get_last_lr()[0],
-                         "pairs_per_second": pairs_done / seconds if seconds > 0 else None}
-                state.log_history.append(entry)
-                logger.info("step %d: loss %.4f, lr %.2e", entry["step"], entry["loss"], entry["lr"])
+                state.log_history.append({
+                    "step": state.global_step, "epoch": round(state.global_step / steps_per_epoch, 4),
+                    "loss": running_loss / running_count, "lr": scheduler.get_last_lr()[0],
+                    "pairs_per_second": round(pairs_done / step_seconds, 2) if step_seconds > 0 else None})
+                logger.info("step %d: loss %.4f, lr %.2e", state.global_step, running_loss / running_count,
+                            scheduler.get_last_lr()[0])
                 running_loss, running_count = 0.0, 0
             if evaluator is not None and settings.eval_every and (
                     state.global_step % settings.eval_every == 0 or done):
@@ -454,7 +475,7 @@ def train(
             if state.global_step % settings.save_steps == 0 or done or state.stopped_early:
                 save_checkpoint(output, model, optimizer, scheduler, state, settings.save_total_limit)
             if on_step_end is not None:
-                on_step_end(state)
+                on_step_end(state, model)
     finally:
         bar.close()
 
@@ -465,18 +486,28 @@ def train(
     else:
         model.save_pretrained(output)
         final_model = model.eval()
-    seconds = time.perf_counter() - started
-    loop_seconds = time.perf_counter() - loop_started
     result = TrainingResult(
         output=str(output), model=final_model, global_step=state.global_step, total_steps=total_steps,
         resumed_from=resumed_from, best_step=state.best_step, best_metric=state.best_metric,
-        stopped_early=state.stopped_early, seconds=seconds,
-        pairs_per_second=pairs_done / loop_seconds if loop_seconds > 0 and state.global_step > start_step else 0.0,
-        log_history=state.log_history,
+        stopped_early=state.stopped_early, seconds=time.perf_counter() - started,
+        pairs_per_second=pairs_done / step_seconds if step_seconds > 0 else 0.0, log_history=state.log_history,
     )
     summary = {f.name: getattr(result, f.name) for f in dataclasses.fields(result) if f.name != "model"}
     (output / SUMMARY_NAME).write_text(json.dumps(summary, indent=2) + "\n")
     return result
+
+
+def _forward_backward(objective: RankingObjective, micro_batches: list[dict], bf16: bool,
+                      device: torch.device) -> float:
+    """Accumulate the gradients of one optimiser step over its micro-batches; returns the step's mean loss."""
+    step_loss = 0.0
+    for batch in micro_batches:
+        autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+        with autocast:
+            loss = objective(**batch_to_device(batch, device))["loss"]
+        (loss / len(micro_batches)).backward()
+        step_loss += float(loss.detach()) / len(micro_batches)
+    return step_loss
 
 
 def _build_evaluator(settings: TrainingSettings):

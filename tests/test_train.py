@@ -1,0 +1,404 @@
+"""Training: negatives mining, the loop (loss goes down, MORES adapt-* freezing, resume, best checkpoint), the saved
+output, PreTTR compressor pre-training and recipes. Tiny random models (32 wide) on the real MiniLM tokenizer."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from pyserini_mores.formats import FormatError, read_collection, read_qrels, read_topics
+from pyserini_mores.models import MODEL_CLASSES, load_model
+from pyserini_mores.models._layers import BertDims
+from pyserini_mores.train import data as train_data
+from pyserini_mores.train.__main__ import build_parser, main
+from pyserini_mores.train.compressor import pretrain_compressor
+from pyserini_mores.train.data import load_groups, mine_negatives, read_triples, write_triples
+from pyserini_mores.train.objectives import mean_loss
+from pyserini_mores.train.recipes import merge_settings, read_recipe, recipe_names
+from pyserini_mores.train.trainer import TrainingSettings, last_checkpoint, train
+
+RESOURCES = Path(__file__).parent / "resources"
+TOPICS, QRELS, COLLECTION = (RESOURCES / "tiny_topics.tsv", RESOURCES / "tiny_qrels.txt",
+                             RESOURCES / "tiny_collection.jsonl")
+
+
+def _dims(layers: int = 4) -> BertDims:
+    return BertDims(hidden_size=32, num_hidden_layers=layers, num_attention_heads=4, intermediate_size=64,
+                    max_position_embeddings=256)
+
+
+def _tiny_model(model_type: str, tokenizer, **overrides):
+    """A random tiny model of ``model_type`` (seeded), the kind of checkpoint ``--init`` gets in these tests."""
+    from pyserini_mores.models.cross_encoder import CrossEncoder, CrossEncoderConfig
+    from pyserini_mores.models.dual_encoder import DualEncoder, DualEncoderConfig
+    from pyserini_mores.models.mores import MoresConfig, MoresModel
+    from pyserini_mores.models.prettr import PreTTRConfig, PreTTRModel
+    from pyserini_mores.models.tk import TKConfig, TKModel
+
+    torch.manual_seed(0)
+    if model_type == "mores":
+        return MoresModel(MoresConfig(encoder=_dims(), n_interaction_blocks=2, doc_max_length=48, **overrides),
+                          tokenizer)
+    if model_type == "cross-encoder":
+        return CrossEncoder(CrossEncoderConfig(encoder=_dims(2), doc_max_length=48, **overrides), tokenizer)
+    if model_type == "prettr":
+        return PreTTRModel(PreTTRConfig(encoder=_dims(), join_layer=2, doc_max_length=48, **overrides), tokenizer)
+    if model_type == "tk":
+        return TKModel(TKConfig(embedding_dim=32, vocab_size=len(tokenizer), num_layers=1, num_heads=4, head_dim=8,
+                                ffn_dim=16, doc_max_length=48, **overrides), tokenizer)
+    if model_type == "maxsim":
+        return DualEncoder(DualEncoderConfig(encoder=_dims(2), doc_max_length=48, **overrides), tokenizer)
+    raise AssertionError(model_type)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models gain nothing from a second thread, and two OpenMP threads on a busy 2-core machine can wait on
+    each other for seconds per step; one thread keeps these tests fast and steady."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def init_dirs(tmp_path_factory, tokenizer):
+    """Saved tiny random checkpoints, one per model type (built once per module)."""
+    root = tmp_path_factory.mktemp("train-inits")
+    made = {}
+
+    def make(model_type: str, **overrides) -> Path:
+        key = (model_type, tuple(sorted(overrides.items())))
+        if key not in made:
+            path = root / f"{model_type}-{len(made)}"
+            _tiny_model(model_type, tokenizer, **overrides).save_pretrained(path)
+            made[key] = path
+        return made[key]
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def triples_path(tmp_path_factory) -> Path:
+    """15 triples of the tiny collection: every positive with 3 negatives drawn from all non-relevant documents."""
+    topics, qrels = read_topics(TOPICS), read_qrels(QRELS)
+    texts = dict(read_collection(COLLECTION))
+    rankings = {qid: list(texts) for qid in topics}
+    triples, _ = mine_negatives(topics, qrels, rankings, lambda ids: [texts[i] for i in ids],
+                                negatives_per_query=3, depth=len(texts), seed=1)
+    path = tmp_path_factory.mktemp("triples") / "triples.tsv"
+    write_triples(path, triples)
+    return path
+
+
+def _settings(tmp_path: Path, model_type: str, init: Path, triples: Path, **values) -> TrainingSettings:
+    defaults = dict(model_type=model_type, init=str(init), triples=str(triples), output=str(tmp_path / "out"),
+                    batch_size=8, max_steps=4, lr=1e-3, warmup_steps=0, seed=3, save_steps=1000)
+    return TrainingSettings(**{**defaults, **values})
+
+
+# ------------------------------------------------------------------------------------------------- mining
+
+
+def test_mine_negatives_cli_on_tiny_index_never_uses_relevant_documents(tiny_index, tmp_path):
+    output = tmp_path / "triples.tsv"
+    main(["mine-negatives", "--index", str(tiny_index), "--topics", str(TOPICS), "--qrels", str(QRELS),
+          "--negatives-per-query", "2", "--depth", "20", "--output", str(output), "--seed", "5"])
+    triples = list(read_triples(output))
+    texts = dict(read_collection(COLLECTION))
+    docid_of = {text: docid for docid, text in texts.items()}
+    qid_of = {text: qid for qid, text in read_topics(TOPICS).items()}
+    qrels = read_qrels(QRELS)
+    assert triples
+    per_query: dict[str, set[str]] = {}
+    for query, positive, negative in triples:
+        qid = qid_of[query]
+        assert qrels[qid][docid_of[positive]] >= 1  # positives: judged relevant, text read from the index
+        assert qrels[qid].get(docid_of[negative], 0) <= 0  # negatives: never judged relevant
+        per_query.setdefault(qid, set()).add(docid_of[negative])
+    assert all(1 <= len(negatives) <= 2 for negatives in per_query.values())
+    # the same seed gives the same file; the collection as text source gives the same texts as the index
+    again = tmp_path / "again.tsv"
+    main(["mine-negatives", "--index", str(tiny_index), "--topics", str(TOPICS), "--qrels", str(QRELS),
+          "--negatives-per-query", "2", "--depth", "20", "--output", str(again), "--seed", "5",
+          "--collection", str(COLLECTION)])
+    assert again.read_text() == output.read_text()
+
+
+def test_mine_negatives_from_a_run_excludes_relevant_documents_ranked_first(tmp_path):
+    topics, qrels = read_topics(TOPICS), read_qrels(QRELS)
+    texts = dict(read_collection(COLLECTION))
+    run = tmp_path / "run.trec"
+    with run.open("w") as stream:
+        for qid in topics:  # relevant documents at the top of the run, everything else below
+            ranked = sorted(texts, key=lambda docid: (qrels.get(qid, {}).get(docid, 0) <= 0, docid))
+            for rank, docid in enumerate(ranked[:6], start=1):
+                stream.write(f"{qid} Q0 {docid} {rank} {100 - rank} test\n")
+    output = tmp_path / "triples.tsv"
+    main(["mine-negatives", "--run", str(run), "--collection", str(COLLECTION), "--topics", str(TOPICS),
+          "--qrels", str(QRELS), "--negatives-per-query", "10", "--depth", "4", "--output", str(output)])
+    relevant_texts = {texts[docid] for judged in qrels.values() for docid, grade in judged.items() if grade > 0}
+    triples = list(read_triples(output))
+    # q1 has 2 relevant in its top 4 → 2 negatives × 2 positives; the others 3 negatives × 1 positive
+    assert len(triples) == 2 * 2 + 3 * 3
+    assert not {negative for _, _, negative in triples} & relevant_texts
+
+
+def test_triples_reader_reports_the_bad_line(tmp_path):
+    path = tmp_path / "bad.tsv"
+    path.write_text("q\tpositive\tnegative\nq\tonly two\n")
+    with pytest.raises(FormatError, match="line 2.*3 tab-separated|line 2: expected"):
+        list(read_triples(path))
+
+
+def test_listwise_groups_pool_consecutive_triples_of_one_query(tmp_path):
+    path = tmp_path / "t.tsv"
+    write_triples(path, [("q", "p", "n1"), ("q", "p", "n2"), ("q", "p", "n3"), ("r", "p2", "m1")])
+    groups = load_groups(path, negatives_per_group=2)
+    assert [(g.query, g.negatives) for g in groups] == [("q", ("n1", "n2")), ("q", ("n3", "n1")),
+                                                        ("r", ("m1", "m1"))]
+
+
+# ------------------------------------------------------------------------------------------------- training
+
+
+@pytest.mark.parametrize("model_type,loss,negatives", [
+    ("mores", "pointwise", 1), ("cross-encoder", "pointwise", 1), ("prettr", "listwise", 1), ("tk", "pairwise", 1),
+    ("maxsim", "pairwise", 1), ("mores", "listwise", 3),
+])
+def test_a_few_steps_reduce_the_training_loss(model_type, loss, negatives, init_dirs, triples_path, tmp_path):
+    init = init_dirs(model_type)
+    groups = load_groups(triples_path, negatives_per_group=negatives)
+    before = mean_loss(load_model(model_type, init), groups, loss)
+    batch = 10 if loss == "pointwise" else 5 // negatives + 1
+    result = train(_settings(tmp_path, model_type, init, triples_path, loss=loss, batch_size=batch, max_steps=20,
+                             lr=1e-2, negatives_per_example=negatives), progress=False)
+    after = mean_loss(result.model, groups, loss)
+    assert result.global_step == 20
+    assert after < 0.8 * before, (before, after)
+
+
+def _changed(before: dict, after: dict, prefixes: tuple[str, ...]) -> dict[str, bool]:
+    return {name: not torch.equal(before[name], after[name]) for name in before if name.startswith(prefixes)}
+
+
+@pytest.mark.parametrize("train_modules", ["interaction", "representation"])
+def test_mores_adapt_modules_trains_only_those_modules(train_modules, init_dirs, triples_path, tmp_path):
+    init = init_dirs("mores")
+    before = load_model("mores", init).state_dict()
+    result = train(_settings(tmp_path, "mores", init, triples_path, train_modules=train_modules, max_steps=3),
+                   progress=False)
+    after = result.model.state_dict()
+    interaction = _changed(before, after, ("interaction_module.",))
+    representation = _changed(before, after, ("document_module.", "query_module."))
+    assert interaction and representation
+    trained, frozen = (interaction, representation) if train_modules == "interaction" else (representation,
+                                                                                            interaction)
+    assert not any(frozen.values()), [name for name, changed in frozen.items() if changed]  # bit-identical
+    assert all(trained.values()), [name for name, changed in trained.items() if not changed]
+
+
+def test_adapt_modules_is_refused_for_models_without_them(init_dirs, triples_path, tmp_path):
+    with pytest.raises(ValueError, match="adapt-interaction"):
+        train(_settings(tmp_path, "cross-encoder", init_dirs("cross-encoder"), triples_path,
+                        train_modules="interaction"), progress=False)
+
+
+class _Killed(Exception):
+    pass
+
+
+def test_a_killed_run_resumes_to_the_same_weights(init_dirs, triples_path, tmp_path):
+    init = init_dirs("mores")  # dropout 0.1 is on: the RNG state must be restored too
+    common = dict(max_steps=7, warmup_steps=2, save_steps=3, grad_accum=2, batch_size=8)
+    uninterrupted = train(_settings(tmp_path / "a", "mores", init, triples_path, **common), progress=False)
+
+    def kill_after_step_5(state, model):
+        if state.global_step == 5:  # checkpoint-3 exists; steps 4 and 5 are lost, as in a real kill
+            raise _Killed
+
+    interrupted = _settings(tmp_path / "b", "mores", init, triples_path, **common)
+    with pytest.raises(_Killed):
+        train(interrupted, on_step_end=kill_after_step_5, progress=False)
+    assert last_checkpoint(interrupted.output).name == "checkpoint-3"
+    with pytest.raises(ValueError, match="--resume"):  # a fresh start never mixes with an earlier run's checkpoints
+        train(interrupted, progress=False)
+    resumed = train(interrupted, resume=True, progress=False)
+    assert (resumed.resumed_from, resumed.global_step) == (3, 7)
+    expected = uninterrupted.model.state_dict()
+    for name, tensor in resumed.model.state_dict().items():
+        assert torch.equal(tensor, expected[name]), name
+    with pytest.raises(ValueError, match="lr"):  # resuming with other settings is refused
+        train(_settings(tmp_path / "b", "mores", init, triples_path, **{**common, "lr": 5e-4}), resume=True,
+              progress=False)
+
+
+def test_output_directory_loads_with_load_model_and_scores_like_the_trained_model(init_dirs, triples_path,
+                                                                                  tmp_path):
+    settings = _settings(tmp_path, "cross-encoder", init_dirs("cross-encoder"), triples_path, max_steps=2)
+    result = train(settings, progress=False)
+    loaded = load_model("cross-encoder", settings.output)
+    documents = [text for _, text in read_collection(COLLECTION)][:5]
+    assert torch.equal(loaded.score_texts("text editor", documents),
+                       result.model.score_texts("text editor", documents))
+    assert loaded.fingerprint() == result.model.fingerprint()
+    assert loaded.fingerprint() != load_model("cross-encoder", settings.init).fingerprint()
+    summary = json.loads((Path(settings.output) / "training_summary.json").read_text())
+    assert summary["global_step"] == 2 and summary["log_history"][-1]["step"] == 2
+
+
+def test_dev_evaluation_keeps_the_best_model_and_stops_early(init_dirs, triples_path, tmp_path):
+    scripted = iter([0.2, 0.5, 0.4, 0.3, 0.9])  # best at the 2nd evaluation; patience 2 stops at the 4th
+    weights_at: dict[int, dict] = {}
+
+    def remember(state, model):
+        weights_at[state.global_step] = {name: value.clone() for name, value in model.state_dict().items()}
+
+    settings = _settings(tmp_path, "mores", init_dirs("mores"), triples_path, max_steps=20, eval_every=2,
+                         early_stopping_patience=2)
+    result = train(settings, evaluator=lambda model: {"MRR@10": next(scripted)}, on_step_end=remember,
+                   progress=False)
+    assert (result.best_step, result.best_metric, result.stopped_early, result.global_step) == (4, 0.5, True, 8)
+    saved = load_model("mores", settings.output).state_dict()
+    for name, tensor in weights_at[4].items():
+        assert torch.equal(saved[name], tensor), name
+    assert not all(torch.equal(saved[name], tensor) for name, tensor in weights_at[8].items())
+    evaluations = [entry for entry in result.log_history if "dev_MRR@10" in entry]
+    assert [entry["step"] for entry in evaluations] == [2, 4, 6, 8]
+
+
+def test_dev_evaluator_reranks_bm25_candidates_of_the_dev_index(tiny_index, init_dirs):
+    from pyserini_mores.eval.metrics import evaluate
+    from pyserini_mores.train.dev import DevEvaluator, gather_dev_candidates
+
+    candidates = gather_dev_candidates(TOPICS, QRELS, index=tiny_index, depth=10)
+    assert set(candidates.queries) == set(read_qrels(QRELS))
+    texts = dict(read_collection(COLLECTION))
+    assert all(text == texts[docid] for docs in candidates.candidates.values() for docid, text in docs)
+    model = load_model("cross-encoder", init_dirs("cross-encoder"))
+    metrics = DevEvaluator(candidates)(model)
+    run = {qid: dict(zip([d for d, _ in docs], model.score_texts(candidates.queries[qid],
+                                                                 [t for _, t in docs]).tolist()))
+           for qid, docs in candidates.candidates.items()}
+    assert metrics["MRR@10"] == pytest.approx(evaluate(run, read_qrels(QRELS), ["MRR@10"])["MRR@10"])
+
+
+def test_train_cli_with_recipe_and_bm25_dev_evaluation(tiny_index, init_dirs, triples_path, tmp_path, capsys):
+    output = tmp_path / "model"
+    main(["train", "--recipe", "mores-debian", "--init", str(init_dirs("mores")), "--triples", str(triples_path),
+          "--output", str(output), "--max-steps", "4", "--batch-size", "6", "--warmup-steps", "1",
+          "--no-bf16", "--eval-every", "2", "--dev-topics", str(TOPICS), "--dev-qrels", str(QRELS),
+          "--dev-index", str(tiny_index), "--dev-depth", "10", "--quiet"])
+    printed = capsys.readouterr().out
+    assert "best dev MRR@10" in printed
+    args = json.loads((output / "training_args.json").read_text())
+    assert (args["max_steps"], args["lr"], args["model_args"]["n_interaction_blocks"]) == (4, 3e-5, 2)
+    assert load_model("mores", output).score_texts("text editor", ["vim", "python"]).shape == (2,)
+
+
+# ------------------------------------------------------------------------------------------------- compressor
+
+
+def test_pretrain_compressor_lowers_attention_mse_and_changes_only_the_compressor(init_dirs, tmp_path):
+    init = init_dirs("prettr", compression_dim=8)
+    result = pretrain_compressor(init, COLLECTION, tmp_path / "out", steps=25, batch_size=7, lr=1e-2,
+                                 heldout_pairs=6, progress=False)
+    assert result.loss_after < 0.8 * result.loss_before, result
+    before, after = load_model("prettr", init).state_dict(), load_model("prettr", tmp_path / "out").state_dict()
+    changed = {name: not torch.equal(before[name], after[name]) for name in before}
+    assert all(changed[name] for name in changed if name.startswith("compressor."))
+    assert not any(changed[name] for name in changed if not name.startswith("compressor."))
+
+
+def test_pretrain_compressor_cli_adds_a_compressor_to_a_checkpoint_without_one(init_dirs, triples_path, tmp_path,
+                                                                               capsys):
+    init = init_dirs("prettr")  # no compressor: --model-arg compression_dim adds a new one
+    output = tmp_path / "compressed"
+    main(["pretrain-compressor", "--init", str(init), "--texts", str(triples_path), "--model-arg",
+          "compression_dim=8", "--output", str(output), "--steps", "3", "--batch-size", "4", "--quiet"])
+    assert "attention MSE" in capsys.readouterr().out
+    model = load_model("prettr", output)
+    assert model.config.compression_dim == 8
+    base = load_model("prettr", init).state_dict()
+    for name, tensor in model.state_dict().items():
+        if not name.startswith("compressor."):
+            assert torch.equal(tensor, base[name]), name
+
+
+def test_compressor_pairs_from_queries_pair_each_query_with_a_passage():
+    pairs = train_data.compressor_pairs(COLLECTION, queries=["text editor", "web server"], seed=0)
+    passages = {text for _, text in read_collection(COLLECTION)}
+    assert sorted(query for query, _ in pairs) == ["text editor", "web server"]
+    assert all(passage in passages for _, passage in pairs)
+
+
+def test_compressor_pairs_follow_the_paper_half_with_their_own_heading():
+    pairs = train_data.compressor_pairs(COLLECTION, seed=0)
+    passages = {text for _, text in read_collection(COLLECTION)}
+    own = sum(1 for heading, paragraph in pairs
+              if any(text.startswith(heading) and text.endswith(paragraph) for text in passages))
+    assert len(pairs) == 20 and own == 10
+
+
+# ------------------------------------------------------------------------------------------------- recipes
+
+
+def test_every_shipped_recipe_is_valid():
+    names = recipe_names()
+    for expected in ("mores-msmarco", "mores-debian", "cross-encoder-msmarco", "cross-encoder-debian",
+                     "prettr-msmarco", "prettr-debian", "prettr-compressor-debian", "tk-msmarco", "tk-debian",
+                     "mores-adapt-interaction", "mores-adapt-representation"):
+        assert expected in names
+    for name in names:
+        recipe = read_recipe(name)
+        if recipe["command"] == "train":
+            values = {"init": "x", "triples": "t", "dev_topics": "t", "dev_qrels": "q", "dev_index": "i",
+                      **recipe["settings"], "output": "o"}
+            TrainingSettings(**values)  # raises for a bad value or combination
+
+
+def test_recipes_carry_the_papers_hyperparameters():
+    mores = read_recipe("mores-msmarco")["settings"]
+    assert (mores["lr"], mores["batch_size"], mores["warmup_steps"], mores["scheduler"], mores["loss"]) == \
+        (3e-5, 128, 1000, "linear", "pointwise")
+    prettr = read_recipe("prettr-msmarco")["settings"]
+    assert (prettr["lr"], prettr["head_lr"], prettr["batch_size"], prettr["loss"]) == (2e-5, 1e-3, 16, "listwise")
+    tk = read_recipe("tk-msmarco")["settings"]
+    assert (tk["lr"], tk["head_lr"], tk["batch_size"], tk["loss"], tk["margin"]) == (1e-4, 1e-3, 64, "pairwise", 1.0)
+
+
+def test_cli_flags_override_recipe_values():
+    args = build_parser().parse_args(["train", "--recipe", "mores-debian", "--lr", "1e-3", "--model-arg",
+                                      "n_interaction_blocks=1", "--output", "o", "--triples", "t"])
+    from pyserini_mores.train.__main__ import _given
+
+    values = merge_settings("train", args.recipe, _given(args, ("command", "recipe", "resume", "quiet")))
+    recipe = read_recipe("mores-debian")["settings"]
+    assert values["lr"] == 1e-3 and values["batch_size"] == recipe["batch_size"]
+    assert values["model_args"] == {**recipe["model_args"], "n_interaction_blocks": 1}
+    assert "warmup_steps" in values and values["warmup_steps"] == recipe["warmup_steps"]
+
+
+def test_unknown_recipes_and_settings_are_reported(tmp_path):
+    with pytest.raises(ValueError, match="mores-debian"):
+        read_recipe("no-such-recipe")
+    with pytest.raises(ValueError, match="learning_rate"):
+        read_recipe('{"settings": {"learning_rate": 1}}')
+    with pytest.raises(ValueError, match="pretrain-compressor command, not train"):
+        merge_settings("train", "prettr-compressor-debian", {})
+
+
+def test_cli_model_types_match_the_model_registry():
+    from pyserini_mores.train._choices import MODEL_TYPES
+
+    assert sorted(MODEL_TYPES) == sorted(MODEL_CLASSES)
+
+
+def test_each_model_defaults_to_its_papers_loss():
+    def loss_of(model_type):
+        return TrainingSettings(model_type=model_type, init="x", triples="t", output="o").loss
+
+    assert [loss_of(m) for m in ("mores", "cross-encoder", "prettr", "tk")] == \
+        ["pointwise", "pointwise", "listwise", "pairwise"]
