@@ -1,0 +1,161 @@
+"""Model type → explainer: fill in each document's attention maps or kernel scores for one query, reading the
+reranker's sidecar where it has one and the document text otherwise."""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import torch
+
+from ._attention import combine_heads, mores_attention, parse_heads, prettr_joined_attention
+from ._kernels import compare_kernel_scores, tk_kernel_scores
+from ._types import AttentionMap, DocumentExplanation, Report
+
+logger = logging.getLogger(__name__)
+
+Explainer = Callable[..., None]
+
+
+def explain_documents(reranker, query: str, documents: list[DocumentExplanation], *, heads: str | None = None,
+                      layer: int | None = None, index: str | None = None) -> Report:
+    """A :class:`Report` for ``documents`` (docid and text filled in; scores and ranks as the caller knows them).
+
+    Args:
+        reranker: a :class:`~pyserini_mores.rerankers.ModelReranker` whose model is MORES, TK or PreTTR; its
+            ``sidecar`` (if any) provides the stored document representations.
+        query: the query text.
+        documents: the documents to explain, in display order (TK compares the first two).
+        heads: ``"mean"`` (default) or comma-separated 0-based head numbers to average (MORES, PreTTR).
+        layer: MORES document-module layer to show, 1-based (default: the last).
+        index: the index the documents come from (recorded in the report).
+
+    Raises:
+        ValueError: for a model without an explainer, bad heads or layer, or a sidecar that disagrees with a text.
+    """
+    model = getattr(reranker, "model", None)
+    explainer = EXPLAINERS.get(getattr(model, "model_type", None))
+    if explainer is None:
+        raise ValueError(f"explain supports the rerankers {', '.join(sorted(EXPLAINERS))}; '{reranker.name}' "
+                         f"runs {'no learned model' if model is None else f'a {model.model_type!r} model'}")
+    sidecar = getattr(reranker, "sidecar", None)
+    source = "text" if sidecar is None else f"sidecar {getattr(sidecar, 'path', '')}".rstrip()
+    report = Report(query=query, reranker=reranker.name, model=getattr(model, "source", None) or model.config.backbone,
+                    index=index, source=source, heads=None, documents=documents)
+    if documents:
+        model.eval()
+        explainer(model, sidecar, report, heads=heads, layer=layer)
+    return report
+
+
+def _stored(sidecar, documents: list[DocumentExplanation]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The documents' stored rows ``[B, Lmax, width]`` and lengths ``[B]`` (float32), or ``None`` without sidecar."""
+    if sidecar is None:
+        return None
+    rows = sidecar.rows_for_docids([document.docid for document in documents])
+    missing = [document.docid for document, row in zip(documents, rows) if row < 0]
+    if missing:
+        raise KeyError(f"{len(missing)} document(s) are not in the sidecar (e.g. {', '.join(missing[:3])})")
+    return sidecar.get_batch(rows, dtype=torch.float32)
+
+
+def _check_lengths(stored_lengths: torch.Tensor, text_lengths: torch.Tensor, documents, what: str) -> None:
+    for document, stored, text in zip(documents, stored_lengths.tolist(), text_lengths.tolist()):
+        if stored != text:
+            raise ValueError(f"the sidecar holds {stored} {what} for document {document.docid} but its text "
+                             f"tokenizes to {text}: was the sidecar built from another text or model?")
+
+
+def _tokens(tokenizer, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
+    return tokenizer.convert_ids_to_tokens(ids[mask.bool()].tolist())
+
+
+# ---- MORES ----------------------------------------------------------------------------------------------------------
+def explain_mores(model, sidecar, report: Report, *, heads: str | None = None, layer: int | None = None) -> None:
+    """Paper Figure 2: document-module self-attention (one layer), query-module self-attention (last layer), and
+    each interaction block's query→document cross-attention."""
+    documents = report.documents
+    report.heads = chosen = parse_heads(heads, model.config.encoder.num_attention_heads)
+    query_batch = model.tokenize_queries([report.query])
+    doc_batch = model.tokenize_documents([document.text for document in documents])
+    stored = _stored(sidecar, documents)
+    docs, lengths = stored if stored is not None else (None, None)
+    if stored is not None:
+        _check_lengths(lengths, doc_batch["attention_mask"].sum(1), documents, "tokens")
+    attention = mores_attention(model, query_batch, docs=docs, lengths=lengths, doc_batch=doc_batch,
+                                document_layer=layer)
+    tokenizer = model.tokenizer
+    query_mask = attention.query_mask.cpu()
+    query_tokens = _tokens(tokenizer, query_batch["input_ids"][0], query_mask)
+    query_map = combine_heads(attention.query[0], chosen).cpu()[query_mask][:, query_mask]
+    report.shared.append(AttentionMap(
+        key=f"query_layer{attention.query_layer}", rows=query_tokens, columns=query_tokens, weights=query_map,
+        title=f"Query representation module, layer {attention.query_layer}: query self-attention",
+        layer=attention.query_layer, heads=chosen))
+    for row, document in enumerate(documents):
+        doc_mask = attention.doc_mask[row].cpu()
+        doc_tokens = _tokens(tokenizer, doc_batch["input_ids"][row], doc_mask)
+        document_map = combine_heads(attention.document[row], chosen).cpu()[doc_mask][:, doc_mask]
+        document.attention.append(AttentionMap(
+            key=f"document_layer{attention.document_layer}", rows=doc_tokens, columns=doc_tokens,
+            weights=document_map, layer=attention.document_layer, heads=chosen,
+            title=f"Document representation module, layer {attention.document_layer}: document self-attention"))
+        for block, probs in enumerate(attention.cross, start=1):
+            cross_map = combine_heads(probs[row], chosen).cpu()[query_mask][:, doc_mask]
+            document.attention.append(AttentionMap(
+                key=f"ib{block}_cross", rows=query_tokens, columns=doc_tokens, weights=cross_map, heads=chosen,
+                title=f"Interaction block {block}: query → document cross-attention"))
+    if stored is not None:
+        report.notes.append(f"Cross-attention keys come from the stored Reuse-{model.config.reuse.upper()} "
+                            "representations; the document-module self-attention was recomputed from the text.")
+
+
+# ---- PreTTR ---------------------------------------------------------------------------------------------------------
+def explain_prettr(model, sidecar, report: Report, *, heads: str | None = None, layer: int | None = None) -> None:
+    """Query↔document attention in the first joined layer ``l+1`` (rows and columns: real query tokens, then real
+    document tokens)."""
+    if layer is not None:
+        logger.warning("--layer is ignored for PreTTR: its map is the first joined layer (l+1)")
+    documents = report.documents
+    report.heads = chosen = parse_heads(heads, model.config.encoder.num_attention_heads)
+    query_batch = model.tokenize_queries([report.query])
+    doc_batch = model.tokenize_documents([document.text for document in documents])
+    stored = _stored(sidecar, documents)
+    if stored is not None:
+        _check_lengths(stored[1], doc_batch["attention_mask"].sum(1), documents, "tokens")
+        joined = prettr_joined_attention(model, query_batch, docs=stored[0], lengths=stored[1])
+    else:
+        joined = prettr_joined_attention(model, query_batch, doc_batch=doc_batch)
+    tokenizer = model.tokenizer
+    query_ids, query_mask = query_batch["input_ids"][0], query_batch["attention_mask"][0].bool()
+    query_tokens = _tokens(tokenizer, query_ids, query_mask)
+    for row, document in enumerate(documents):
+        mask = joined.mask[row].cpu()
+        doc_mask = doc_batch["attention_mask"][row].bool()
+        tokens = query_tokens + _tokens(tokenizer, doc_batch["input_ids"][row], doc_mask)
+        weights = combine_heads(joined.probs[row], chosen).cpu()[mask][:, mask]
+        document.attention.append(AttentionMap(
+            key=f"joined_layer{joined.layer}", rows=tokens, columns=tokens, weights=weights, layer=joined.layer,
+            heads=chosen, split=len(query_tokens),
+            title=f"First joined layer ({joined.layer}): query ↔ document attention"))
+
+
+# ---- TK -------------------------------------------------------------------------------------------------------------
+def explain_tk(model, sidecar, report: Report, *, heads: str | None = None, layer: int | None = None) -> None:
+    """Paper Figure 3: kernel mass per query term, per-kernel log/length scores, best matches per document term,
+    and the comparison of the first two documents."""
+    if heads not in (None, "mean") or layer is not None:
+        logger.warning("--heads and --layer are ignored for TK: its scores come from kernels, not attention")
+    documents = report.documents
+    stored = _stored(sidecar, documents)
+    docs, lengths = stored if stored is not None else (None, None)
+    scores = tk_kernel_scores(model, report.query, [document.text for document in documents], docs=docs,
+                              lengths=lengths)
+    for document, kernels in zip(documents, scores):
+        document.kernels = kernels
+    if len(documents) >= 2:
+        report.comparison = {"first": documents[0].docid, "second": documents[1].docid,
+                             **compare_kernel_scores(scores[0], scores[1])}
+
+
+#: model_type → explainer
+EXPLAINERS: dict[str, Explainer] = {"mores": explain_mores, "prettr": explain_prettr, "tk": explain_tk}
