@@ -1,0 +1,325 @@
+"""What is benchmarked: backbones, model variants (each built at the same backbone dims), synthetic candidates
+whose token counts are exact, and the sidecar each precomputing variant reads, written to disk with
+:class:`~pyserini_mores.sidecar.SidecarWriter`.
+
+Stored rows are random vectors of the exact shape the model's ``encode_documents`` produces (checked on a short
+document): encoding 1000 documents of 512 tokens with a 12-layer encoder would cost as much as the cross-encoder
+run itself, and values do not change the time of any kernel.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from . import flops as flop_formulas
+
+logger = logging.getLogger(__name__)
+
+MODELS = ("cross-encoder", "mores", "prettr", "tk")
+PRETTR_COMPRESSION_DIM = 128
+TK_LAYERS = 2  # TK-2, the paper's recommended trade-off
+
+
+@dataclass(frozen=True)
+class Backbone:
+    """A BERT shape the models are built at. ``pretrained``: load real weights with ``from_backbone`` (MiniLM);
+    otherwise random weights on the real MiniLM WordPiece tokenizer. ``tk``: TK's contextualiser hyperparameters."""
+
+    name: str
+    pretrained: str | None = None
+    dims: dict = field(default_factory=dict)  # BertDims fields for random-weight backbones
+    tk: dict = field(default_factory=lambda: {"num_heads": 16, "head_dim": 32, "ffn_dim": 100})
+    extend_positions: bool = True  # random weights: let joint models see q + d tokens even past 512
+    compression_dim: int = 128  # PreTTR's compressed width (the paper's smallest, e = 128)
+
+
+BACKBONES = {
+    "bert-base": Backbone("bert-base", dims=dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                                                  intermediate_size=3072)),
+    "minilm": Backbone("minilm", pretrained="minilm", extend_positions=False),
+    # hidden: for the smoke test
+    "tiny": Backbone("tiny", dims=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                       intermediate_size=64),
+                     tk={"num_heads": 4, "head_dim": 8, "ffn_dim": 16}, compression_dim=16),
+}
+PUBLIC_BACKBONES = ("bert-base", "minilm")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One row of the benchmark: a model family and its settings (``options`` go to the model config)."""
+
+    model: str
+    variant: str
+    options: tuple = ()  # sorted (key, value) pairs
+
+    @property
+    def config(self) -> dict:
+        return dict(self.options)
+
+    @property
+    def key(self) -> str:
+        return f"{self.model}:{self.variant}"
+
+
+def variants_for(num_layers: int, compression_dim: int = PRETTR_COMPRESSION_DIM) -> list[Variant]:
+    """Every variant the benchmark knows for an encoder of ``num_layers`` layers (PreTTR joins at ``L−1`` and
+    ``L−2``, uncompressed and at ``compression_dim``; MORES needs more layers than blocks)."""
+    variants = [Variant("cross-encoder", "full")]
+    for blocks in (1, 2):
+        for reuse in ("s1", "s2"):
+            variants.append(Variant("mores", f"{blocks}xIB-{reuse}",
+                                    (("n_interaction_blocks", blocks), ("reuse", reuse))))
+    for join in (num_layers - 1, num_layers - 2):
+        if join < 0:
+            continue
+        for compression in (None, compression_dim):
+            name = f"l{join}" + (f"-e{compression}" if compression else "")
+            variants.append(Variant("prettr", name, (("compression_dim", compression), ("join_layer", join))))
+    for mode in ("ctx", "online"):
+        variants.append(Variant("tk", mode, (("mode", mode),)))
+    return variants
+
+
+def feasible(variant: Variant, num_layers: int) -> str | None:
+    """Why ``variant`` cannot be built at ``num_layers`` layers, or ``None``."""
+    blocks = variant.config.get("n_interaction_blocks")
+    if blocks is not None and blocks >= num_layers:
+        return f"MORES with {blocks} interaction blocks needs more than {num_layers} layers"
+    return None
+
+
+def backbone_variants(backbone: str) -> list[Variant]:
+    """Every variant of :func:`variants_for` at ``backbone``'s depth and compression width."""
+    return variants_for(backbone_dims(backbone).num_hidden_layers, BACKBONES[backbone].compression_dim)
+
+
+def select_variants(selectors: list[str] | None, backbone: str) -> list[Variant]:
+    """Variants matching ``selectors`` (``MODEL`` or ``MODEL:VARIANT``; all when None), in benchmark order."""
+    known = backbone_variants(backbone)
+    if not selectors:
+        return known
+    chosen = []
+    for variant in known:
+        if any(s == variant.model or s == variant.key for s in selectors):
+            chosen.append(variant)
+    return chosen
+
+
+def check_selectors(selectors: list[str], backbones: list[str]) -> None:
+    """Raise ``ValueError`` for a selector that matches no variant at any of the backbones."""
+    for selector in selectors:
+        model = selector.split(":", 1)[0]
+        if model not in MODELS:
+            raise ValueError(f"unknown model '{model}' in --models; known: {', '.join(MODELS)}")
+        if not any(select_variants([selector], backbone) for backbone in backbones):
+            names = sorted({v.key for b in backbones for v in backbone_variants(b) if v.model == model})
+            raise ValueError(f"no variant '{selector}'; {model} has: {', '.join(names)}")
+
+
+# ---- backbones ---------------------------------------------------------------------------------------------------
+@lru_cache(maxsize=1)
+def minilm_tokenizer():
+    from transformers import AutoTokenizer
+
+    from ..models.backbones import offline_minilm_path
+
+    return AutoTokenizer.from_pretrained(str(offline_minilm_path()))
+
+
+@lru_cache(maxsize=4)
+def backbone_dims(name: str):
+    """The :class:`~pyserini_mores.models._layers.BertDims` of a backbone (real config for pretrained ones)."""
+    from ..models._layers import BertDims
+
+    backbone = BACKBONES[name]
+    if backbone.pretrained:
+        from transformers import AutoConfig
+
+        from ..models.backbones import resolve_backbone
+
+        return BertDims.from_hf_config(AutoConfig.from_pretrained(resolve_backbone(backbone.pretrained)))
+    return BertDims(**backbone.dims)
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """Token counts of one (backbone, doc_len) cell, per model family, as each model sees them.
+
+    ``doc_len`` is the document with its own ``[CLS]``/``[SEP]`` (what MORES stores). Joint models (cross-encoder,
+    PreTTR) drop the document's ``[CLS]``: they see ``joint_doc_len - 1`` document tokens after the query block, where
+    ``joint_doc_len`` = ``doc_len`` unless the backbone's positions force truncation (real-weight MiniLM at 512).
+    TK uses no special tokens: ``doc_len`` words and ``query_len`` query words.
+    """
+
+    query_len: int
+    doc_len: int
+    joint_doc_len: int
+    max_positions: int
+
+
+def cell_lengths(backbone: str, query_len: int, doc_len: int) -> Lengths:
+    dims = backbone_dims(backbone)
+    needed = query_len + doc_len - 1
+    if BACKBONES[backbone].extend_positions:
+        positions = max(dims.max_position_embeddings, needed)
+        return Lengths(query_len, doc_len, doc_len, positions)
+    positions = dims.max_position_embeddings
+    return Lengths(query_len, doc_len, min(doc_len, positions - query_len + 1), positions)
+
+
+def build_model(variant: Variant, backbone: str, lengths: Lengths):
+    """The model of ``variant`` at ``backbone`` dims, in eval mode (random weights unless the backbone is real)."""
+    import torch
+
+    spec = BACKBONES[backbone]
+    options = variant.config
+    if variant.model == "tk":
+        return _build_tk(spec, backbone, lengths, options["mode"])
+    joint = variant.model in ("cross-encoder", "prettr")
+    limits = {"query_max_length": lengths.query_len,
+              "doc_max_length": lengths.joint_doc_len if joint else lengths.doc_len}
+    if variant.model == "mores":
+        from ..models.mores import MoresConfig as config_class, MoresModel as model_class
+    elif variant.model == "prettr":
+        from ..models.prettr import PreTTRConfig as config_class, PreTTRModel as model_class
+    else:
+        from ..models.cross_encoder import CrossEncoder as model_class, CrossEncoderConfig as config_class
+    if spec.pretrained:
+        return model_class.from_backbone(spec.pretrained, **limits, **options).eval()
+    dims = replace(backbone_dims(backbone), max_position_embeddings=lengths.max_positions)
+    torch.manual_seed(0)
+    return model_class(config_class(encoder=dims, backbone=f"random:{backbone}", **limits, **options),
+                       minilm_tokenizer()).eval()
+
+
+def _build_tk(spec: Backbone, backbone: str, lengths: Lengths, mode: str):
+    import torch
+
+    from ..models.tk import TKConfig, TKModel
+
+    settings = dict(num_layers=TK_LAYERS, query_max_length=lengths.query_len, doc_max_length=lengths.doc_len,
+                    mode=mode, **spec.tk)
+    if spec.pretrained:
+        return TKModel.from_backbone(spec.pretrained, **settings).eval()
+    tokenizer = minilm_tokenizer()
+    torch.manual_seed(0)
+    config = TKConfig(embedding_dim=backbone_dims(backbone).hidden_size, vocab_size=len(tokenizer),
+                      tokenizer_type="wordpiece", backbone=f"random:{backbone}", **settings)
+    return TKModel(config, tokenizer).eval()
+
+
+def flop_count(variant: Variant, model, lengths: Lengths) -> flop_formulas.FlopCount:
+    """The analytic online FLOPs of ``model`` (built from ``variant``) on this cell's token counts."""
+    if variant.model == "tk":
+        return flop_formulas.tk_flops(flop_formulas.TKShape.from_config(model.config), lengths.query_len,
+                                      lengths.doc_len, model.config.mode)
+    shape = flop_formulas.EncoderShape.from_dims(model.config.encoder)
+    if variant.model == "cross-encoder":
+        return flop_formulas.cross_encoder_flops(shape, lengths.query_len, lengths.joint_doc_len - 1,
+                                                 model.config.num_labels)
+    if variant.model == "mores":
+        return flop_formulas.mores_flops(shape, lengths.query_len, lengths.doc_len,
+                                         model.config.n_interaction_blocks, model.config.reuse,
+                                         model.config.num_labels)
+    return flop_formulas.prettr_flops(shape, lengths.query_len, lengths.joint_doc_len - 1,
+                                      model.config.join_layer, model.config.compression_dim)
+
+
+def stored_doc_tokens(variant: Variant, lengths: Lengths) -> int:
+    """Rows per document in the sidecar of a precomputing variant."""
+    if variant.model == "prettr":
+        return lengths.joint_doc_len - 1  # d [SEP]
+    return lengths.doc_len  # MORES: [CLS] d [SEP]; TK: d words
+
+
+def check_stored_shape(model, variant: Variant, words: list[str]) -> None:
+    """Encode one short document and check that its stored shape follows :func:`stored_doc_tokens`."""
+    import torch
+
+    short = Lengths(query_len=16, doc_len=8, joint_doc_len=8, max_positions=512)
+    # 6 words + [CLS]/[SEP] = 8 WordPieces for BERT models; TK takes 8 words.
+    text = " ".join(words[:8 if variant.model == "tk" else 6])
+    with torch.inference_mode():
+        reps = model.encode_documents(model.tokenize_documents([text]))
+    expected = (stored_doc_tokens(variant, short), model.store_width)
+    if tuple(reps[0].shape) != expected:
+        raise RuntimeError(f"{variant.key} stores {tuple(reps[0].shape)} for an 8-token document, the benchmark "
+                           f"assumed {expected}")
+
+
+# ---- candidates ------------------------------------------------------------------------------------------------
+@lru_cache(maxsize=2)
+def single_piece_words(tokenizer) -> tuple[str, ...]:
+    """Vocabulary words that the tokenizer keeps as exactly one WordPiece, so a text of k of them is k tokens."""
+    special = set(tokenizer.all_special_tokens)
+    vocab = tokenizer.get_vocab()
+    words = sorted(w for w in vocab if w.isascii() and w.isalpha() and w.islower() and len(w) >= 3
+                   and w not in special)
+    encoded = tokenizer(words, add_special_tokens=False)["input_ids"]
+    kept = tuple(w for w, ids in zip(words, encoded) if ids == [vocab[w]])
+    if len(kept) < 100:
+        raise RuntimeError("the tokenizer has too few single-piece words to build synthetic text")
+    return kept
+
+
+def synthetic_texts(words: tuple[str, ...], count: int, length: int, seed: int) -> list[str]:
+    """``count`` texts of ``length`` random single-piece words each."""
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(words), size=(count, length))
+    vocabulary = np.array(words, dtype=object)
+    return [" ".join(row) for row in vocabulary[picks]]
+
+
+def write_sidecar(path: Path, model, variant: Variant, backbone: str, lengths: Lengths, num_docs: int,
+                  seed: int, dtype: str = "float16") -> dict:
+    """Write ``num_docs`` documents of :func:`stored_doc_tokens` random rows each (fp16 by default), as the sidecar
+    build would; returns the identity to open it with (``expect_*`` keywords)."""
+    from ..sidecar import SidecarWriter
+
+    width, tokens = model.store_width, stored_doc_tokens(variant, lengths)
+    identity = f"bench:{backbone}:{variant.key}:q{lengths.query_len}:d{lengths.doc_len}:{model.store_variant}"
+    fingerprint = hashlib.sha256(identity.encode()).hexdigest()
+    index = {"num_docs": num_docs, "signature": "pyserini-mores-bench-synthetic"}
+    rng = np.random.default_rng(seed)
+    pool_docs = max(1, min(num_docs, 16))
+    pool = rng.standard_normal((pool_docs, tokens, width), dtype=np.float32)
+    if variant.model == "tk":
+        pool /= np.linalg.norm(pool, axis=-1, keepdims=True)  # TK stores unit vectors
+    pool = pool.astype(dtype)
+    writer = SidecarWriter(path, dim=width, dtype=dtype, docids=[f"doc{row}" for row in range(num_docs)],
+                           model={"model_type": model.model_type, "store_variant": model.store_variant,
+                                  "fingerprint": fingerprint},
+                           index=index, build={"source": "pyserini_mores.bench (random rows)"},
+                           commit_every_docs=num_docs + 1)
+    try:
+        for start in range(0, num_docs, pool_docs):
+            count = min(pool_docs, num_docs - start)
+            writer.add([pool[i] for i in range(count)])
+        writer.finalize()
+    except BaseException:
+        writer.abort()
+        raise
+    return {"expect_model_fingerprint": fingerprint, "expect_index": index, "expect_dim": width,
+            "expect_dtype": dtype}
+
+
+def directory_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+
+def default_work_dir() -> str | None:
+    """Where sidecars go: ``$PYSERINI_MORES_BENCH_DIR`` or the system temp dir."""
+    return os.environ.get("PYSERINI_MORES_BENCH_DIR")
+
+
+__all__ = ["BACKBONES", "PUBLIC_BACKBONES", "MODELS", "Variant", "Lengths", "variants_for", "select_variants",
+           "check_selectors", "backbone_variants", "feasible", "cell_lengths", "build_model", "flop_count", "stored_doc_tokens",
+           "check_stored_shape", "single_piece_words", "synthetic_texts", "write_sidecar", "backbone_dims",
+           "minilm_tokenizer", "directory_bytes"]

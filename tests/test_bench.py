@@ -1,0 +1,175 @@
+"""The benchmark: FLOP formulas against hand counts and against torch's FLOP counter on real runs of every model,
+and a smoke test of the CLI on a tiny random backbone (JSON schema, plot). No timing assertions."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from pyserini_mores.bench import flops
+from pyserini_mores.bench import workload
+from pyserini_mores.bench.report import MACHINE_KEYS, RESULT_KEYS
+
+SMALL = flops.EncoderShape(hidden=4, layers=3, heads=2, ffn=8)
+
+
+def test_bert_layer_matches_a_hand_count():
+    # T = 2, n = 4, f = 8: Q/K/V/O 4·(2·2·4·4) = 256, attention 2·(2·2·2·4) = 64, FFN 2·(2·2·4·8) = 256
+    assert flops.bert_layer(2, SMALL) == 576
+
+
+def test_cross_encoder_flops_match_a_hand_count():
+    # q = 2, d = 3 → T = 5: per layer 8·5·16 + 4·25·4 + 4·5·4·8 = 640 + 400 + 640 = 1680; 3 layers; head 2·4·2 = 16
+    count = flops.cross_encoder_flops(SMALL, query_tokens=2, doc_tokens=3)
+    assert count.sum("query") == 0
+    assert count.sum("candidate") == 3 * 1680 + 16
+    assert count.total(1000) == 1000 * 5056
+
+
+@pytest.mark.parametrize("reuse, per_candidate", [("s2", 752), ("s1", 944)])
+def test_mores_flops_match_a_hand_count(reuse, per_candidate):
+    # K = 1, q = 2, d = 3. Query: 2 layers · 576 + block-1 query projection 2·2·4·4 = 1216.
+    # Candidate: cross-attention 4·2·3·4 = 96, cross output 64, self-attention 192 + 64 + 64 = 320, FFN 256,
+    # head 16 → 752; S1 projects the document's keys and values too: 2·(2·3·4·4) = 192 more.
+    count = flops.mores_flops(SMALL, query_tokens=2, doc_tokens=3, interaction_blocks=1, reuse=reuse)
+    assert count.sum("query") == 1216
+    assert count.sum("candidate") == per_candidate
+    assert count.total(10, batches=3) == 1216 + 10 * per_candidate
+
+
+def test_second_interaction_block_projects_its_own_queries():
+    one = flops.mores_flops(SMALL, 2, 3, interaction_blocks=1, reuse="s2")
+    two = flops.mores_flops(SMALL, 2, 3, interaction_blocks=2, reuse="s2")
+    # one more block (752 − 16 head) plus its cross-attention query projection (64); one layer fewer in the query
+    assert two.sum("candidate") - one.sum("candidate") == 752 - 16 + 64
+    assert one.sum("query") - two.sum("query") == 576
+
+
+def test_flop_ratio_of_mores_at_bert_base_is_what_the_issue_expects():
+    bert = flops.EncoderShape(768, 12, 12, 3072)
+    cross = flops.cross_encoder_flops(bert, 16, 127).total(1000)
+    mores = flops.mores_flops(bert, 16, 128, 2, "s2").total(1000)
+    assert 45 < cross / mores < 55  # the issue quotes ≈ 48x
+
+
+def _tiny_dims():
+    from pyserini_mores.models._layers import BertDims
+
+    return BertDims(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64,
+                    max_position_embeddings=64)
+
+
+def _counted(function, *args):
+    with torch.inference_mode(), flops.flop_counter() as counter:
+        function(*args)
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize("variant", [
+    workload.Variant("cross-encoder", "full"),
+    workload.Variant("mores", "1xIB-s1", (("n_interaction_blocks", 1), ("reuse", "s1"))),
+    workload.Variant("mores", "2xIB-s2", (("n_interaction_blocks", 2), ("reuse", "s2"))),
+    workload.Variant("mores", "2xIB-s1", (("n_interaction_blocks", 2), ("reuse", "s1"))),
+    workload.Variant("prettr", "l2", (("compression_dim", None), ("join_layer", 2))),
+    workload.Variant("prettr", "l2-e8", (("compression_dim", 8), ("join_layer", 2))),
+    workload.Variant("prettr", "l1", (("compression_dim", None), ("join_layer", 1))),
+    workload.Variant("prettr", "l1-e8", (("compression_dim", 8), ("join_layer", 1))),
+    workload.Variant("tk", "ctx", (("mode", "ctx"),)),
+    workload.Variant("tk", "online", (("mode", "online"),)),
+], ids=lambda v: v.key)
+def test_flop_formulas_equal_what_the_models_execute(variant, tokenizer):
+    """Every matmul term of the formulas, against torch's FLOP counter on the model's own online path."""
+    from pyserini_mores.models import pad_documents
+    from pyserini_mores.models.cross_encoder import CrossEncoder, CrossEncoderConfig
+    from pyserini_mores.models.mores import MoresConfig, MoresModel
+    from pyserini_mores.models.prettr import PreTTRConfig, PreTTRModel
+    from pyserini_mores.models.tk import TKConfig, TKModel
+
+    lengths = workload.Lengths(query_len=8, doc_len=12, joint_doc_len=12, max_positions=64)
+    limits = {"query_max_length": 8, "doc_max_length": 12}
+    torch.manual_seed(0)
+    if variant.model == "tk":
+        model = TKModel(TKConfig(embedding_dim=32, vocab_size=len(tokenizer), num_layers=2, num_heads=4,
+                                 head_dim=8, ffn_dim=16, **limits, **variant.config), tokenizer)
+    else:
+        classes = {"cross-encoder": (CrossEncoder, CrossEncoderConfig), "mores": (MoresModel, MoresConfig),
+                   "prettr": (PreTTRModel, PreTTRConfig)}
+        model_class, config_class = classes[variant.model]
+        model = model_class(config_class(encoder=_tiny_dims(), **limits, **variant.config), tokenizer)
+    model.eval()
+    count = workload.flop_count(variant, model, lengths)
+    words = workload.single_piece_words(tokenizer)
+    query = workload.synthetic_texts(words, 1, 8, seed=1)[0]
+    documents = workload.synthetic_texts(words, 5, 12, seed=2)
+    if model.store_width is None:
+        assert _counted(model.score_texts, query, documents) == count.total(5, batches=1, kind="matmul")
+        return
+    with torch.inference_mode():
+        state = model.encode_query(model.tokenize_queries([query]))
+        doc_reps = model.encode_documents(model.tokenize_documents(documents))
+    assert [rep.shape[0] for rep in doc_reps] == [workload.stored_doc_tokens(variant, lengths)] * 5
+    assert _counted(model.encode_query, model.tokenize_queries([query])) == count.sum("query", "matmul")
+    docs, doc_lengths = pad_documents(doc_reps)
+    assert (_counted(model.score, state, docs, doc_lengths)
+            == count.sum("batch", "matmul") + 5 * count.sum("candidate", "matmul"))
+
+
+def test_tk_counts_its_kernels_as_elementwise_work():
+    shape = flops.TKShape(embedding=300, layers=2, heads=16, head_dim=32, ffn=100, kernels=11)
+    ctx = flops.tk_flops(shape, 16, 200, "ctx")
+    online = flops.tk_flops(shape, 16, 200, "online")
+    assert ctx.sum("candidate", "elementwise") == 2 * 200 * 300 + 4 * 16 * 200 * 11
+    assert online.sum("candidate") - ctx.sum("candidate") == 2 * flops.tk_layer(200, shape)
+    assert online.sum("query") == 0 and online.sum("batch") == ctx.sum("query")
+
+
+def test_cli_smoke_run_writes_json_and_plot(tmp_path, capsys):
+    from pyserini_mores.bench.__main__ import main
+
+    json_path, plot_path = tmp_path / "bench.json", tmp_path / "bench.png"
+    code = main(["--tiny", "--models", "cross-encoder", "mores:1xIB-s2", "mores:2xIB-s2", "--candidates", "10",
+                 "--repetitions", "1", "--doc-lens", "16", "--precision", "fp32", "--peak-sizes", "64",
+                 "--work-dir", str(tmp_path), "--json", str(json_path), "--plot", str(plot_path)])
+    assert code == 0
+    table = capsys.readouterr().out
+    assert "cross-encoder" in table and "1xIB-s2" in table
+    report = json.loads(json_path.read_text())
+    assert set(MACHINE_KEYS) <= set(report["machine"])
+    assert report["machine"]["peak_gflops_fp32"] > 0 and report["machine"]["peak_gflops_bf16"] > 0
+    results = {(r["model"], r["variant"]): r for r in report["results"]}
+    assert set(results) == {("cross-encoder", "full"), ("mores", "1xIB-s2")}
+    for record in results.values():
+        assert set(RESULT_KEYS) <= set(record)
+        assert (record["backbone"], record["doc_len"], record["precision"]) == ("tiny", 16, "fp32")
+        assert record["candidates"] == 10 and record["repetitions"] == 1
+        assert len(record["ms_timed_runs"]) == 1 and record["ms_per_query_median"] > 0
+    cross, mores = results[("cross-encoder", "full")], results[("mores", "1xIB-s2")]
+    assert cross["speedup_vs_cross_encoder"] == 1.0 and cross["flop_ratio_limit"] == 1.0
+    assert cross["bytes_per_doc"] == 0 and cross["path"] == "text"
+    # MORES reads a real fp16 sidecar: 16 tokens × 2·K·n = 64 values × 2 bytes per document
+    assert mores["bytes_per_doc"] == 16 * 64 * 2 and mores["path"] == "sidecar"
+    assert mores["flop_ratio_limit"] == pytest.approx(cross["flops_per_query"] / mores["flops_per_query"], rel=1e-3)
+    # the 2-layer tiny backbone cannot hold 2 interaction blocks: recorded, not silently dropped
+    assert report["skipped"] and report["skipped"][0]["variant"] == "2xIB-s2"
+    assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(tmp_path.glob("pyserini-mores-bench-*")), "temporary sidecars are removed"
+
+
+def test_slow_runs_are_timed_on_fewer_candidates_and_marked(tmp_path):
+    from pyserini_mores.bench.runner import BenchConfig, run_benchmark
+
+    config = BenchConfig(backbones=["tiny"], doc_lens=[16], models=["mores:1xIB-s2"], precisions=["fp32"],
+                         candidates=10, repetitions=1, max_rep_seconds=1e-9, pilot_candidates=4,
+                         work_dir=str(tmp_path), peak_sizes=(64,), peak_repetitions=1)
+    (record,) = run_benchmark(config)["results"]
+    assert record["candidates"] == 10
+    assert record["candidates_timed"] == record["extrapolated_from"] == 4
+    assert record["speedup_vs_cross_encoder"] is None  # no cross-encoder in this run
+
+
+def test_unknown_models_are_refused_before_anything_runs(capsys):
+    from pyserini_mores.bench.__main__ import main
+
+    assert main(["--tiny", "--models", "mores:9xIB", "--precision", "fp32"]) == 2
+    assert "mores has:" in capsys.readouterr().err
