@@ -220,3 +220,21 @@ def test_topics_by_pyserini_name_fail_offline_with_a_hint(monkeypatch):
         assert len(topics) == 6980
     with pytest.raises(FileNotFoundError, match="qrels file nope.txt does not exist"):
         load_qrels("nope.txt")
+
+
+def test_models_initialised_from_a_backbone_are_reproducible(tmp_path, tokenizer):
+    """Randomly initialised parts (here PreTTR's compressor and head) come from a fixed seed, so two processes
+    initialising the same backbone get the same store fingerprint and can share a sidecar."""
+    from transformers import BertConfig, BertModel
+
+    from pyserini_mores.models import load_model
+
+    BertModel(BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+              ).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    torch.manual_seed(123)
+    first = load_model("prettr", tmp_path, join_layer=1, compression_dim=8)
+    torch.manual_seed(456)
+    second = load_model("prettr", tmp_path, join_layer=1, compression_dim=8)
+    assert first.store_fingerprint() == second.store_fingerprint()
+    assert first.fingerprint() == second.fingerprint()

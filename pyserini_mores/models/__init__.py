@@ -6,7 +6,11 @@ import json
 import os
 from pathlib import Path
 
+import torch
+
 from .base import RankingConfig, RankingModel, pad_documents, read_checkpoint_config
+
+INIT_SEED = 0
 
 #: model_type → "module:Class"; imported lazily so that listing models costs nothing.
 MODEL_CLASSES: dict[str, str] = {
@@ -45,7 +49,11 @@ def load_model(model_type: str, name_or_path: str | os.PathLike, **overrides) ->
                 f"{name_or_path} holds a '{values['model_type']}' checkpoint, not a '{model_type}' one"
             )
     if model is None:
-        model = cls.from_backbone(str(name_or_path), **overrides)
+        # New parameters (heads, compressors, TK's contextualiser) are drawn from a fixed seed: the same backbone
+        # and config give the same model — and so the same fingerprint and sidecar — in every process.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(INIT_SEED)
+            model = cls.from_backbone(str(name_or_path), **overrides)
     # Remembered so that commands can tell the user how to rebuild what this model needs (e.g. its sidecar).
     model.source, model.source_overrides = str(name_or_path), dict(overrides)
     return model
