@@ -238,3 +238,22 @@ def test_models_initialised_from_a_backbone_are_reproducible(tmp_path, tokenizer
     second = load_model("prettr", tmp_path, join_layer=1, compression_dim=8)
     assert first.store_fingerprint() == second.store_fingerprint()
     assert first.fingerprint() == second.fingerprint()
+
+
+def test_rerank_with_explain_attaches_tk_numbers_that_reproduce_the_score(tokenizer, tmp_path, tiny_maxsim_dir):
+    """TK's Figure 3 numbers come back on each result as plain data, and they add up to the score."""
+    from pyserini_mores.models.tk import TKConfig, TKModel
+
+    torch.manual_seed(0)
+    model = TKModel(TKConfig(embedding_dim=32, num_heads=2, head_dim=8, ffn_dim=16, num_layers=1), tokenizer).eval()
+    model.save_pretrained(tmp_path / "tk")
+    reranker = get_reranker("tk", model=tmp_path / "tk")
+    texts = [Text("vim is a text editor", {"docid": "a"}), Text("nginx web server", {"docid": "b"})]
+    ranked = reranker.rerank(Query("text editor"), texts, explain=True)
+    for text in ranked:
+        numbers = text.metadata["explanation"]
+        assert numbers["score"] == pytest.approx(text.score, abs=1e-4)
+        assert len(numbers["log_contributions"]) == 11 and len(numbers["query_kernel_mass"][0]) == 11
+        assert sum(numbers["log_contributions"]) == pytest.approx(numbers["s_log"], abs=1e-4)
+    with pytest.raises(ValueError, match="cannot explain"):
+        get_reranker("maxsim", model=tiny_maxsim_dir).rerank("q", [Text("x", {"docid": "x"})], explain=True)

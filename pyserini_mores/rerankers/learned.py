@@ -63,6 +63,35 @@ class ModelReranker(Reranker):
             text.score = float(score)
         return texts
 
+    def rerank(self, query: Query | str, texts: list[Text], *, explain: bool = False) -> list[Text]:
+        """As :meth:`Reranker.rerank`; with ``explain=True`` each text also gets
+        ``metadata['explanation']``: the numbers behind its score as plain lists (for TK: per-kernel log and length
+        scores and contributions, per-query-term kernel mass, the match matrix — the paper's Figure 3)."""
+        ranked = super().rerank(query, texts)
+        if explain:
+            self._attach_explanations(query if isinstance(query, Query) else Query(query), ranked)
+        return ranked
+
+    def _attach_explanations(self, query: Query, texts: list[Text]) -> None:
+        model = self.model
+        if not hasattr(model, "explain") or model.store_width is None:
+            raise ValueError(f"reranker '{self.name}' cannot explain its scores")
+        with torch.inference_mode():
+            query_state = model.encode_query(model.tokenize_queries([query.text]))
+            for start in range(0, len(texts), self.batch_size):
+                chunk = texts[start:start + self.batch_size]
+                if self.sidecar is not None:
+                    docs, lengths = self.sidecar.get_batch(self._sidecar_rows(chunk))
+                else:
+                    batch = model.tokenize_documents([_require_text(text, self.name) for text in chunk])
+                    docs, lengths = pad_documents([rep.float() for rep in model.encode_documents(batch)])
+                numbers = model.explain(query_state, docs, lengths)
+                for i, text in enumerate(chunk):
+                    text.metadata["explanation"] = {
+                        key: (value[i] if _per_document(value, len(chunk)) else value).tolist()
+                        for key, value in numbers.items() if isinstance(value, torch.Tensor)
+                    }
+
     def _scores(self, query: str, texts: list[Text]) -> torch.Tensor:
         model = self.model
         if model.store_width is None:
@@ -109,6 +138,10 @@ class ModelReranker(Reranker):
     def close(self) -> None:
         if self.sidecar is not None:
             self.sidecar.close()
+
+
+def _per_document(value: torch.Tensor, batch: int) -> bool:
+    return value.dim() > 0 and value.shape[0] == batch
 
 
 def _require_text(text: Text, name: str) -> str:
