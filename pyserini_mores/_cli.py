@@ -5,6 +5,7 @@ import argparse
 import json
 import logging
 import sys
+from typing import Callable
 
 
 def define_model_args(parser: argparse.ArgumentParser, *, default_reranker: str | None = None) -> None:
@@ -36,3 +37,21 @@ def parse_model_args(items: list[str]) -> dict:
 def setup_logging(verbose: bool = False) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
+
+
+def run_command(prog: str, description: str | None, define_args: Callable[[argparse.ArgumentParser], None],
+                run: Callable[[argparse.Namespace], int], argv: list[str] | None) -> int:
+    """Parse ``argv`` and run; bad input (missing files, bad values, unknown names) becomes one ``error:`` line on
+    stderr and exit code 2 instead of a traceback."""
+    parser = argparse.ArgumentParser(prog=prog, description=description,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    define_args(parser)
+    args = parser.parse_args(argv)
+    setup_logging(getattr(args, "verbose", False))
+    try:
+        return run(args)
+    except (FileNotFoundError, ValueError, KeyError) as error:
+        # KeyError quotes its argument; show the sentence itself.
+        message = error.args[0] if isinstance(error, KeyError) and error.args else error
+        print(f"error: {message}", file=sys.stderr)
+        return 2

@@ -50,19 +50,9 @@ def define_explain_args(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pyserini_mores.explain", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    define_explain_args(parser)
-    args = parser.parse_args(argv)
-    from .._cli import setup_logging
+    from .._cli import run_command
 
-    setup_logging(args.verbose)
-    try:
-        return run_explain(args)
-    except (FileNotFoundError, ValueError, KeyError) as error:
-        message = error.args[0] if isinstance(error, KeyError) and error.args else error
-        print(f"error: {message}", file=sys.stderr)
-        return 2
+    return run_command("python -m pyserini_mores.explain", __doc__, define_explain_args, run_explain, argv)
 
 
 def run_explain(args: argparse.Namespace) -> int:

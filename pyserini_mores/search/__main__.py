@@ -46,19 +46,9 @@ def define_search_args(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pyserini_mores.search", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    define_search_args(parser)
-    args = parser.parse_args(argv)
-    from .._cli import setup_logging
+    from .._cli import run_command
 
-    setup_logging(args.verbose)
-    try:
-        return run_search(args)
-    except (FileNotFoundError, ValueError, KeyError) as error:
-        message = error.args[0] if isinstance(error, KeyError) and error.args else error
-        print(f"error: {message}", file=sys.stderr)
-        return 2
+    return run_command("python -m pyserini_mores.search", __doc__, define_search_args, run_search, argv)
 
 
 def run_search(args: argparse.Namespace) -> int:
