@@ -166,15 +166,12 @@ def open_searcher_for(spec, index, args, sample):
     if spec.name != "bm25":
         kwargs = {"model": spec.model, "batch_size": args.rerank_batch_size, "precision": args.precision,
                   **spec.overrides}
-    searcher = RerankingSearcher(index, spec.name, k1=args.k1, b=args.b, rerank_depth=args.rerank_depth,
-                                 require_sidecar=sample is None, **kwargs)
-    model = getattr(searcher.reranker, "model", None)
-    if sample is not None and model is not None and model.store_width is not None and searcher.sidecar_path is None:
-        from ..search.embedded import ensure_sample_sidecar
+    if sample is not None:
+        from ..search.embedded import sample_searcher
 
-        ensure_sample_sidecar(sample, searcher.reranker)
-        searcher._attach_sidecar("auto", required=True)
-    return searcher
+        return sample_searcher(sample, spec.name, k1=args.k1, b=args.b, rerank_depth=args.rerank_depth, **kwargs)
+    return RerankingSearcher(index, spec.name, k1=args.k1, b=args.b, rerank_depth=args.rerank_depth,
+                             require_sidecar=True, **kwargs)
 
 
 def _torch_threads() -> int:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from .base import RankingConfig, RankingModel, pad_documents, read_checkpoint_config
+from .base import RankingConfig, RankingModel, pad_documents
 
 INIT_SEED = 0
 

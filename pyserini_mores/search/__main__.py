@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_search(args: argparse.Namespace) -> int:
     from .._cli import parse_model_args
     from ..formats import write_run
-    from .embedded import DEFAULT_MODEL, DEFAULT_MODEL_ARGS, DEFAULT_RERANKER, ensure_sample_sidecar, prepare_sample
+    from .embedded import DEFAULT_MODEL, DEFAULT_MODEL_ARGS, DEFAULT_RERANKER, prepare_sample, sample_searcher
     from .searcher import RerankingSearcher
 
     embedded = args.index is None
@@ -85,13 +85,13 @@ def run_search(args: argparse.Namespace) -> int:
                            **overrides}
     if args.time_budget_ms is not None and not args.time_budget_ms >= 0:
         raise ValueError("--time-budget-ms must be >= 0")
-    searcher = RerankingSearcher(index, reranker_name, k1=args.k1, b=args.b, rerank_depth=args.rerank_depth,
-                                 sidecar=args.sidecar or "auto", require_sidecar=not embedded,
-                                 time_budget_ms=args.time_budget_ms, **reranker_kwargs)
-    if embedded and getattr(searcher.reranker, "model", None) is not None and searcher.sidecar_path is None \
-            and searcher.reranker.model.store_width is not None:
-        ensure_sample_sidecar(sample, searcher.reranker)
-        searcher._attach_sidecar("auto", required=True)
+    searcher_kwargs = dict(k1=args.k1, b=args.b, rerank_depth=args.rerank_depth, time_budget_ms=args.time_budget_ms,
+                           **reranker_kwargs)
+    if embedded and not args.sidecar:
+        searcher = sample_searcher(sample, reranker_name, **searcher_kwargs)
+    else:
+        searcher = RerankingSearcher(index, reranker_name, sidecar=args.sidecar or "auto", require_sidecar=True,
+                                     **searcher_kwargs)
     print(f"Index: {searcher.index.path} ({searcher.num_docs} documents), BM25 k1={searcher.k1} b={searcher.b}; "
           f"reranker: {searcher.reranker.name}"
           + (f", sidecar {searcher.sidecar_path}" if searcher.sidecar_path else ""))
@@ -124,7 +124,7 @@ def run_search(args: argparse.Namespace) -> int:
 def search_topics(searcher, topics: dict[str, str], args, with_bm25: bool):
     from tqdm import tqdm
 
-    from ..types import Query, hits_to_texts, texts_to_hits
+    from ..types import hits_to_texts, texts_to_hits
 
     qids = list(topics)
     results, bm25_results, rerank_ms = {}, {}, []

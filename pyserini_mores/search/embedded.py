@@ -103,5 +103,17 @@ def ensure_sample_sidecar(sample: EmbeddedSample, reranker, precision: str = "bf
     return path
 
 
+def sample_searcher(sample: EmbeddedSample, reranker: str, **searcher_kwargs):
+    """A :class:`RerankingSearcher` over the sample whose learned reranker reads its sidecar, built on first use."""
+    from .searcher import RerankingSearcher
+
+    searcher = RerankingSearcher(sample.index, reranker, sidecar=None, **searcher_kwargs)
+    model = getattr(searcher.reranker, "model", None)
+    if model is not None and model.store_width is not None:
+        ensure_sample_sidecar(sample, searcher.reranker)
+        searcher.attach_sidecar("auto", required=True)
+    return searcher
+
+
 def clear_cache(cache: Path | None = None) -> None:
     shutil.rmtree(cache or cache_root(), ignore_errors=True)

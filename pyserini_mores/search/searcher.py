@@ -78,9 +78,12 @@ class RerankingSearcher:
         self.sidecar_path: Path | None = None
         if getattr(self.reranker, "model", None) is not None and self.reranker.model.store_width is not None \
                 and getattr(self.reranker, "sidecar", None) is None and sidecar is not None:
-            self._attach_sidecar(sidecar, require_sidecar)
+            self.attach_sidecar(sidecar, require_sidecar)
 
-    def _attach_sidecar(self, sidecar: str | os.PathLike, required: bool) -> None:
+    def attach_sidecar(self, sidecar: str | os.PathLike = "auto", required: bool = False) -> None:
+        """Open the reranker's sidecar (``"auto"``: the default location beside the index) and check that it was
+        built for this model and this index. A missing sidecar raises :class:`SidecarMissingError` (with the build
+        command) when ``required`` or explicitly given, else documents are encoded from text."""
         from ..sidecar import open_sidecar
 
         model = self.reranker.model
