@@ -4,26 +4,7 @@
 """
 from __future__ import annotations
 
-from .metrics import (
-    DEFAULT_METRICS,
-    EvaluationResult,
-    NonInferiorityResult,
-    PairedTestResult,
-    canonical_metric_name,
-    evaluate,
-    format_metrics_table,
-    non_inferiority,
-    paired_t_test,
-)
+from . import metrics
+from .metrics import *  # noqa: F401,F403  (the public names are metrics.__all__)
 
-__all__ = [
-    "DEFAULT_METRICS",
-    "EvaluationResult",
-    "NonInferiorityResult",
-    "PairedTestResult",
-    "canonical_metric_name",
-    "evaluate",
-    "format_metrics_table",
-    "non_inferiority",
-    "paired_t_test",
-]
+__all__ = list(metrics.__all__)
