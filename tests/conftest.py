@@ -18,6 +18,18 @@ def tokenizer():
     return AutoTokenizer.from_pretrained(str(offline_minilm_path()))
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models gain nothing from a second intra-op thread, and two OpenMP threads on a busy 2-core machine wait
+    on each other (3x slower here). Modules opt in with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def tiny_dims():
     """A 2-layer, 32-wide BERT: fast enough for exactness tests of every model."""
@@ -57,4 +69,21 @@ def tiny_maxsim_dir(tmp_path_factory, tokenizer) -> Path:
     model = DualEncoder(DualEncoderConfig(encoder=dims, doc_max_length=64), tokenizer).eval()
     path = tmp_path_factory.mktemp("models") / "tiny-maxsim"
     model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def maxsim_sidecar(tiny_index, tiny_maxsim_dir):
+    """A float32 sidecar of the tiny MaxSim model over the tiny index, at its default location."""
+    from pyserini_mores import get_reranker
+    from pyserini_mores.index import open_searcher
+    from pyserini_mores.search import default_sidecar_path
+    from pyserini_mores.sidecar.build import build_sidecar
+
+    reranker = get_reranker("maxsim", model=tiny_maxsim_dir)
+    path = default_sidecar_path(tiny_index, "maxsim", reranker.model)
+    searcher = open_searcher(tiny_index)
+    build_sidecar(searcher, reranker.model, path, reranker_name="maxsim", dtype="float32", batch_size=3,
+                  progress=False)
+    searcher.close()
     return path

@@ -7,16 +7,14 @@ import math
 
 import pytest
 
-from pyserini_mores import get_reranker
 from pyserini_mores.budget.__main__ import main as budget_main
 from pyserini_mores.budget.__main__ import parse_scoped_model_args
 from pyserini_mores.budget.sweep import SweepRow, parse_reranker_specs, plot_sweep
 from pyserini_mores.index import open_searcher
-from pyserini_mores.search import RerankingSearcher, default_sidecar_path
+from pyserini_mores.search import RerankingSearcher
 from pyserini_mores.search import budget
 from pyserini_mores.search.__main__ import main as search_main
 from pyserini_mores.search.budget import Calibration
-from pyserini_mores.sidecar.build import build_sidecar
 
 from conftest import RESOURCES
 
@@ -32,17 +30,6 @@ def calibration_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("PYSERINI_MORES_CACHE", str(tmp_path / "cache"))
     return tmp_path / "cache" / "calibration"
 
-
-@pytest.fixture(scope="module")
-def maxsim_sidecar(tiny_index, tiny_maxsim_dir):
-    """A float32 sidecar of the tiny MaxSim model over the tiny index, at its default location."""
-    reranker = get_reranker("maxsim", model=tiny_maxsim_dir)
-    path = default_sidecar_path(tiny_index, "maxsim", reranker.model)
-    searcher = open_searcher(tiny_index)
-    build_sidecar(searcher, reranker.model, path, reranker_name="maxsim", dtype="float32", batch_size=4,
-                  progress=False)
-    searcher.close()
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -35,13 +35,7 @@ DOCIDS = ["d04", "d01", "d02"]  # of different lengths, so every batch carries p
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: intra-op threads cost more than they bring on a shared 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _spread_weights(model: torch.nn.Module) -> None:

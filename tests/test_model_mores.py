@@ -20,13 +20,7 @@ DOCUMENTS = [
 ]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: intra-op threads cost more than they bring on a shared 2-core machine (3x slower here)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def make_model(dims, tokenizer, seed: int = 0, **config) -> MoresModel:

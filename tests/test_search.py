@@ -1,7 +1,6 @@
 """Search path end to end on a real Lucene index: registry, RerankingSearcher, sidecar build and use, the CLI."""
 from __future__ import annotations
 
-import sys
 import textwrap
 
 import numpy as np
@@ -10,26 +9,14 @@ import torch
 
 from pyserini_mores import Query, Text, get_reranker, list_rerankers
 from pyserini_mores.index import IndexNotFoundError, index_identity, open_searcher, resolve_index
-from pyserini_mores.search import RerankingSearcher, SidecarMissingError, default_sidecar_path
+from pyserini_mores.search import RerankingSearcher, SidecarMissingError
 from pyserini_mores.search.__main__ import main as search_main
-from pyserini_mores.sidecar.build import build_sidecar
 
 from conftest import RESOURCES
 
 TOPICS = RESOURCES / "tiny_topics.tsv"
 QRELS = RESOURCES / "tiny_qrels.txt"
 
-
-@pytest.fixture(scope="module")
-def maxsim_sidecar(tiny_index, tiny_maxsim_dir, tmp_path_factory):
-    """A float32 sidecar of the tiny MaxSim model over the tiny index, at its default location."""
-    reranker = get_reranker("maxsim", model=tiny_maxsim_dir)
-    path = default_sidecar_path(tiny_index, "maxsim", reranker.model)
-    searcher = open_searcher(tiny_index)
-    build_sidecar(searcher, reranker.model, path, reranker_name="maxsim", dtype="float32", batch_size=3,
-                  progress=False)
-    searcher.close()
-    return path
 
 
 def test_registry_lists_builtins_and_rejects_unknown_names():

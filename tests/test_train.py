@@ -53,14 +53,7 @@ def _tiny_model(model_type: str, tokenizer, **overrides):
     raise AssertionError(model_type)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from a second thread, and two OpenMP threads on a busy 2-core machine can wait on
-    each other for seconds per step; one thread keeps these tests fast and steady."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
