@@ -4,6 +4,9 @@ Pure Python (no pyserini, no JVM), so evaluation and training-data loading work 
 bad line as a :class:`FormatError` naming the file and the 1-based line number; readers accept gzip-compressed files
 (recognised by their magic bytes) and a UTF-8 byte-order mark. Blank lines at the end of a file are ignored; a blank
 line followed by more data is an error, because it usually means two files were concatenated or one was truncated.
+
+Files must be UTF-8. A byte sequence that is not is a :class:`FormatError` naming the file, the line and the column,
+never decoded with replacement: a replaced character inside a docid or qid would make it silently match nothing.
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import gzip
 import json
 import logging
 import math
+import numbers
 import os
 import re
 import tempfile
@@ -29,6 +33,8 @@ __all__ = [
     "read_run",
     "read_collection",
     "write_run",
+    "write_topics",
+    "write_qrels",
     "format_run_lines",
     "results_to_run",
     "atomic_writer",
@@ -222,7 +228,8 @@ def read_run(path: PathLike, *, run_format: RunFormat | None = None) -> dict[str
 
     Raises:
         FormatError: wrong field count, non-integer rank, non-numeric or NaN score, a docid repeated within a query,
-            or bad UTF-8.
+            a rank repeated within a query of an MS MARCO run (its only order), or bad UTF-8. A query's lines need not
+            be contiguous (trec_eval merges them too).
     """
     if run_format is not None and run_format not in RUN_FORMATS:
         raise ValueError(f"run_format must be one of {RUN_FORMATS}, not {run_format!r}")
@@ -269,13 +276,36 @@ def read_run(path: PathLike, *, run_format: RunFormat | None = None) -> dict[str
             raise FormatError(path, line_number, f"document {docid!r} appears twice for query {qid!r} "
                                                  f"(first on line {first})", line)
         hits[docid] = score
+    if run_format == "msmarco":
+        # Checked once per query at the end (a transient set of its scores) rather than per line, which would keep a
+        # set of ranks for each of the millions of lines of an MS MARCO run.
+        tied = {qid for qid, hits in run.items() if len(set(hits.values())) < len(hits)}
+        if tied:
+            _raise_repeated_rank(path, tied)
     return run
 
 
-def _check_token(kind: str, value: str) -> str:
+def _raise_repeated_rank(path: PathLike, qids: set[str]) -> None:
+    """Raise the :class:`FormatError` of the first line of an MS MARCO run that repeats a rank of one of ``qids``."""
+    first_line: dict[tuple[str, int], int] = {}
+    for line_number, line in _numbered_lines(path):
+        qid, _, rank_text = line.split()
+        if qid not in qids:
+            continue
+        key = (qid, int(rank_text))
+        if key in first_line:
+            raise FormatError(path, line_number, f"rank {key[1]} appears twice for query {qid!r} (first on line "
+                                                 f"{first_line[key]}); an MS MARCO run is ordered by rank alone", line)
+        first_line[key] = line_number
+
+
+def _check_token(kind: str, value: str, file_kind: str = "run file") -> str:
     # A space or tab inside an id would shift every later field of the line and corrupt the file silently.
     if not value or _WHITESPACE.search(value):
-        raise ValueError(f"{kind} {value!r} cannot be written to a run file: it is empty or contains whitespace")
+        raise ValueError(f"{kind} {value!r} cannot be written to a {file_kind}: it is empty or contains whitespace")
+    if value.startswith("\ufeff"):
+        raise ValueError(f"{kind} {value!r} cannot be written to a {file_kind}: it starts with U+FEFF, which readers "
+                         "take for a byte-order mark on the first line")
     return value
 
 
@@ -299,8 +329,8 @@ def format_run_lines(
         tag: the run tag of TREC lines.
 
     Raises:
-        ValueError: an unknown format, an id or tag containing whitespace, a query given twice, or a docid
-            repeated within a query (trec_eval rejects such files).
+        ValueError: an unknown format, an id or tag containing whitespace, a query given twice, a docid
+            repeated within a query (trec_eval rejects such files), or a NaN score.
     """
     if output_format not in RUN_FORMATS:
         raise ValueError(f"output_format must be one of {RUN_FORMATS}, not {output_format!r}")
@@ -319,7 +349,10 @@ def format_run_lines(
                 raise ValueError(f"document {docid!r} appears twice in the results of query {qid!r}")
             seen_docs.add(_check_token("docid", docid))
             if output_format == "trec":
-                yield f"{qid} Q0 {docid} {rank} {float(hit.score):.6f} {tag}"
+                score = float(hit.score)
+                if math.isnan(score):  # read_run refuses it: NaN would make the ranking arbitrary
+                    raise ValueError(f"score of document {docid!r} for query {qid!r} is NaN")
+                yield f"{qid} Q0 {docid} {rank} {score:.6f} {tag}"
             else:
                 yield f"{qid}\t{docid}\t{rank}"
 
@@ -372,6 +405,54 @@ def write_run(
     return count
 
 
+def write_topics(path: PathLike, topics: Mapping[str, str] | Iterable[tuple[str, str]]) -> int:
+    """Write a ``qid<TAB>text`` topics file atomically; :func:`read_topics` reads it back (texts stripped).
+
+    Returns:
+        The number of topics written.
+
+    Raises:
+        ValueError: a query id that is empty or contains whitespace, a blank text or one with a tab or a line break,
+            or a query given twice: what the file could not hold as given.
+    """
+    seen: set[str] = set()
+    with atomic_writer(path) as stream:
+        for qid, text in _iter_results(topics):
+            qid = _check_token("query id", str(qid), "topics file")
+            if qid in seen:
+                raise ValueError(f"query {qid!r} appears twice in the topics")
+            seen.add(qid)
+            if not text.strip():
+                raise ValueError(f"text of query {qid!r} is blank")
+            if "\t" in text or "\n" in text or "\r" in text:
+                raise ValueError(f"text of query {qid!r} contains a tab or a line break: {_shorten(text)!r}")
+            stream.write(f"{qid}\t{text}\n")
+    return len(seen)
+
+
+def write_qrels(path: PathLike, qrels: Mapping[str, Mapping[str, int]]) -> int:
+    """Write TREC qrels (``qid 0 docid relevance``) atomically; :func:`read_qrels` reads them back.
+
+    Returns:
+        The number of judgments written.
+
+    Raises:
+        ValueError: an id that is empty or contains whitespace, or a relevance that is not an int.
+    """
+    count = 0
+    with atomic_writer(path) as stream:
+        for qid, judgments in qrels.items():
+            qid = _check_token("query id", str(qid), "qrels file")
+            for docid, relevance in judgments.items():
+                docid = _check_token("docid", str(docid), "qrels file")
+                if isinstance(relevance, bool) or not isinstance(relevance, numbers.Integral):
+                    raise ValueError(f"relevance of document {docid!r} for query {qid!r} must be an int, not "
+                                     f"{relevance!r}")
+                stream.write(f"{qid} 0 {docid} {relevance}\n")
+                count += 1
+    return count
+
+
 def results_to_run(
     results: Mapping[str, Sequence[Any]] | Iterable[tuple[str, Sequence[Any]]],
     *,
@@ -418,7 +499,7 @@ def read_collection(path: PathLike) -> Iterator[tuple[str, str]]:
 
     Raises:
         FileNotFoundError: immediately, when ``path`` does not exist.
-        FormatError: during iteration, for a malformed line (with its line number).
+        FormatError: during iteration, for a malformed line or bytes that are not UTF-8 (with its line number).
     """
     path = Path(path)
     if path.is_dir():

@@ -135,13 +135,22 @@ class MissingDocumentTextError(ValueError):
 
 
 def fetch_texts(searcher, docids: list[str]) -> list[str]:
-    """Texts of documents by collection docid, from the index's stored fields."""
-    texts = []
+    """Texts of documents by collection docid, from the index's stored fields.
+
+    Raises:
+        KeyError: when docids are not in the index (e.g. a run from another collection), counting them all.
+    """
+    texts, missing = [], []
     for docid in docids:
         document = searcher.doc(docid)
         if document is None:
-            raise KeyError(f"document {docid} is not in the index")
-        texts.append(document_text(document))
+            missing.append(docid)
+        elif not missing:
+            texts.append(document_text(document))
+    if missing:
+        unique = list(dict.fromkeys(missing))
+        raise KeyError(f"{len(unique)} of {len(set(docids))} documents are not in the index "
+                       f"(e.g. {', '.join(map(str, unique[:3]))})")
     return texts
 
 
@@ -189,3 +198,64 @@ def build_lucene_index(input_dir: str | os.PathLike, index_dir: str | os.PathLik
     if not any(index_dir.glob("segments_*")):
         raise RuntimeError(f"Pyserini did not produce an index in {index_dir}")
     return index_dir
+
+
+def index_collection(collection: str | os.PathLike, index_dir: str | os.PathLike, threads: int = 1) -> Path:
+    """Build a Lucene index of an MS MARCO TSV / JSONL collection file or JsonCollection directory.
+
+    The text is rewritten as a JsonCollection beside the index and indexed into ``<index>.partial``, which is
+    renamed into place only when Lucene has finished: an interrupted build never looks like an index.
+
+    Raises:
+        FileExistsError: ``index_dir`` already exists.
+    """
+    import shutil
+
+    from .formats import read_collection
+
+    index_dir = Path(index_dir)
+    if index_dir.exists():
+        raise FileExistsError(f"{index_dir} already exists; remove it or choose another --index")
+    staging = index_dir.with_name(index_dir.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    jsonl_dir = staging / "_jsonl"
+    jsonl_dir.mkdir(parents=True)
+    count = 0
+    with open(jsonl_dir / "docs.jsonl", "w", encoding="utf-8") as out:
+        for docid, text in read_collection(collection):
+            out.write(json.dumps({"id": docid, "contents": text}, ensure_ascii=False) + "\n")
+            count += 1
+    built = build_lucene_index(jsonl_dir, staging / "index", threads=threads)
+    os.replace(built, index_dir)
+    shutil.rmtree(staging)
+    logger.info("indexed %d documents into %s", count, index_dir)
+    return index_dir
+
+
+def build_parser():
+    """``python -m pyserini_mores.index --collection FILE --index DIR``: Pyserini's indexer with the JVM set up."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m pyserini_mores.index", description=build_parser.__doc__)
+    parser.add_argument("--collection", required=True, help="MS MARCO collection.tsv, JSONL, or a JsonCollection "
+                                                            "directory (optionally gzipped)")
+    parser.add_argument("--index", required=True, help="index directory to create")
+    parser.add_argument("--threads", type=int, default=1)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ._cli import setup_logging
+
+    args = build_parser().parse_args(argv)
+    setup_logging()
+    try:
+        path = index_collection(args.collection, args.index, threads=args.threads)
+    except (FileNotFoundError, FileExistsError, ValueError) as error:
+        raise SystemExit(f"error: {error}") from None
+    print(f"index written to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

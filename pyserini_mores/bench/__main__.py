@@ -44,14 +44,20 @@ def define_bench_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--candidates", type=int, default=1000, help="candidates per query (default: 1000)")
     parser.add_argument("--repetitions", type=int, default=None,
                         help="timed repetitions after warm-up, the median is reported (default: 5; --quick: 3)")
-    parser.add_argument("--precision", choices=["fp32", "bf16", "both"], default="both",
-                        help="compute precision (bf16: autocast, as --precision bf16 of the search CLI)")
+    parser.add_argument("--precision", nargs="+", choices=["fp32", "bf16", "bf16-autocast", "both"],
+                        default=["both"],
+                        help="compute precision(s): fp32, bf16 (as --precision bf16 of the search CLI: bf16 weights "
+                             "cast once), bf16-autocast (autocast over fp32 weights, the earlier bf16 path), both "
+                             "(= fp32 bf16; the default)")
     parser.add_argument("--batch-size", type=int, default=250,
                         help="candidates per model batch, the same for every model (ModelReranker's default: 250)")
     parser.add_argument("--max-rep-seconds", type=float, default=None, metavar="S",
                         help="time a run on fewer candidates and scale linearly when all of them would take longer "
                              "than this; 0 = never (default: 10; --quick: 2)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--codec", choices=["fp16", "sq8", "sq6", "sq4", "pq"], default="fp16",
+                        help="sidecar codec of the precomputing models: fp16 vectors, or a faiss codec trained on the "
+                             "random rows and decoded at read time (default: fp16)")
     parser.add_argument("--cold-cache", action="store_true",
                         help="evict the sidecar from the page cache before every timed run (default: warm)")
     parser.add_argument("--work-dir", default=None,
@@ -78,13 +84,15 @@ def config_from_args(args: argparse.Namespace):
         backbones=backbones,
         doc_lens=args.doc_lens or defaults["doc_lens"],
         models=args.models,
-        precisions=["fp32", "bf16"] if args.precision == "both" else [args.precision],
+        precisions=list(dict.fromkeys(p for value in args.precision
+                                      for p in (["fp32", "bf16"] if value == "both" else [value]))),
         candidates=args.candidates,
         query_len=args.query_len,
         repetitions=args.repetitions or defaults["repetitions"],
         batch_size=args.batch_size,
         max_rep_seconds=defaults["max_rep_seconds"] if args.max_rep_seconds is None else args.max_rep_seconds,
         cold_cache=args.cold_cache,
+        codec=args.codec,
         work_dir=args.work_dir or default_work_dir(),
         seed=args.seed,
         peak_sizes=tuple(args.peak_sizes),

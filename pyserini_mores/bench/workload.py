@@ -278,9 +278,9 @@ def synthetic_texts(words: tuple[str, ...], count: int, length: int, seed: int) 
 
 
 def write_sidecar(path: Path, model, variant: Variant, backbone: str, lengths: Lengths, num_docs: int,
-                  seed: int, dtype: str = "float16") -> dict:
-    """Write ``num_docs`` documents of :func:`stored_doc_tokens` random rows each (fp16 by default), as the sidecar
-    build would; returns the identity to open it with (``expect_*`` keywords)."""
+                  seed: int, dtype: str = "float16", codec: str = "fp16") -> dict:
+    """Write ``num_docs`` documents of :func:`stored_doc_tokens` random rows each (fp16 by default, or a compressed
+    ``codec`` trained on them), as the sidecar build would; returns the identity to open it with (``expect_*``)."""
     from ..sidecar import SidecarWriter
 
     width, tokens = model.store_width, stored_doc_tokens(variant, lengths)
@@ -297,7 +297,7 @@ def write_sidecar(path: Path, model, variant: Variant, backbone: str, lengths: L
                            model={"model_type": model.model_type, "store_variant": model.store_variant,
                                   "fingerprint": fingerprint},
                            index=index, build={"source": "pyserini_mores.bench (random rows)"},
-                           commit_every_docs=num_docs + 1)
+                           commit_every_docs=num_docs + 1, codec=codec)
     try:
         for start in range(0, num_docs, pool_docs):
             count = min(pool_docs, num_docs - start)
@@ -307,7 +307,7 @@ def write_sidecar(path: Path, model, variant: Variant, backbone: str, lengths: L
         writer.abort()
         raise
     return {"expect_model_fingerprint": fingerprint, "expect_index": index, "expect_dim": width,
-            "expect_dtype": dtype}
+            "expect_dtype": writer.dtype}
 
 
 def directory_bytes(path: Path) -> int:

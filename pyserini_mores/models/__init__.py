@@ -8,9 +8,12 @@ from pathlib import Path
 
 import torch
 
+from .backbones import OFFLINE_MINILM_NAMES
 from .base import RankingConfig, RankingModel, pad_documents
 
 INIT_SEED = 0
+#: trained models shipped inside the package (as deltas over the bundled MiniLM), loadable by directory name
+SHIPPED_MODELS_DIR = Path(__file__).resolve().parents[1] / "resources" / "models"
 
 #: model_type → "module:Class"; imported lazily so that listing models costs nothing.
 MODEL_CLASSES: dict[str, str] = {
@@ -34,16 +37,27 @@ def model_class(model_type: str) -> type[RankingModel]:
 
 
 def load_model(model_type: str, name_or_path: str | os.PathLike, **overrides) -> RankingModel:
-    """A trained checkpoint directory of ``model_type``, or a new model initialised from a backbone name/dir.
+    """A trained checkpoint directory of ``model_type`` (full, or a delta over its backbone — see :mod:`.delta`),
+    or a new model initialised from a backbone name/dir.
 
     ``overrides`` go to the config (e.g. ``reuse='s2'`` for MORES).
     """
     cls = model_class(model_type)
     model = None
-    if (Path(name_or_path) / "config.json").is_file():
+    name_or_path = shipped_model_path(name_or_path) or name_or_path
+    directory = Path(name_or_path)
+    if directory.is_dir() and not (directory / "config.json").is_file() \
+            and str(name_or_path).lower() not in OFFLINE_MINILM_NAMES:
+        # Neither a checkpoint nor an HF backbone directory: say so, rather than transformers' "no model_type".
+        raise FileNotFoundError(f"{directory} has no config.json: it is neither a pyserini_mores checkpoint nor a "
+                                "Hugging Face model directory")
+    if (directory / "config.json").is_file():
         values = json.loads((Path(name_or_path) / "config.json").read_text())
         if values.get("model_type") == model_type and "architectures" not in values:
-            model = cls.from_pretrained(name_or_path, **overrides)
+            from .delta import is_delta_checkpoint, load_delta
+
+            model = (load_delta(cls, name_or_path, **overrides) if is_delta_checkpoint(name_or_path)
+                     else cls.from_pretrained(name_or_path, **overrides))
         elif values.get("model_type") in MODEL_CLASSES:
             raise ValueError(
                 f"{name_or_path} holds a '{values['model_type']}' checkpoint, not a '{model_type}' one"
@@ -59,4 +73,18 @@ def load_model(model_type: str, name_or_path: str | os.PathLike, **overrides) ->
     return model
 
 
-__all__ = ["RankingConfig", "RankingModel", "MODEL_CLASSES", "model_class", "load_model", "pad_documents"]
+def shipped_model_path(name: str | os.PathLike) -> Path | None:
+    """The directory of a trained model shipped with the package (e.g. ``debian-tk``), unless ``name`` is a path
+    that exists (a local directory always wins)."""
+    if Path(name).exists() or os.sep in str(name):
+        return None
+    path = SHIPPED_MODELS_DIR / str(name)
+    return path if (path / "config.json").is_file() else None
+
+
+def shipped_models() -> list[str]:
+    return sorted(p.name for p in SHIPPED_MODELS_DIR.glob("*") if (p / "config.json").is_file())
+
+
+__all__ = ["RankingConfig", "RankingModel", "MODEL_CLASSES", "model_class", "load_model", "pad_documents",
+           "shipped_model_path", "shipped_models"]

@@ -23,6 +23,9 @@ from ._layers import BertDims
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
+TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
+#: Either holds the vocabulary; save_pretrained writes tokenizer.json (transformers 5) or both (transformers 4).
+TOKENIZER_VOCAB_NAMES = ("tokenizer.json", "vocab.txt")
 
 
 @dataclass
@@ -152,6 +155,7 @@ class RankingModel(nn.Module):
         if values.get("model_type") != cls.model_type:
             raise ValueError(f"{directory} holds a '{values.get('model_type')}' model, not '{cls.model_type}'")
         config = cls.config_class.from_dict({**values, **overrides})
+        check_tokenizer_files(directory)
         # An empty config keeps transformers from reading our config.json as if it were its own.
         tokenizer = AutoTokenizer.from_pretrained(str(directory), config=PretrainedConfig())
         model = cls(config, tokenizer)
@@ -176,6 +180,20 @@ def read_checkpoint_config(directory: str | os.PathLike) -> dict:
     if not (Path(directory) / WEIGHTS_NAME).is_file():
         raise FileNotFoundError(f"checkpoint {directory} has a config but no {WEIGHTS_NAME}")
     return values
+
+
+def check_tokenizer_files(directory: str | os.PathLike) -> None:
+    """Refuse a checkpoint whose tokenizer files are missing, naming them.
+
+    Without them transformers does not fail: it quietly builds another tokenizer (without ``tokenizer.json``, a
+    5-token vocabulary that maps every word to [UNK]; without ``tokenizer_config.json``, one that does not lower-case).
+    """
+    directory = Path(directory)
+    if not (directory / TOKENIZER_CONFIG_NAME).is_file():
+        raise FileNotFoundError(f"checkpoint {directory} has no {TOKENIZER_CONFIG_NAME} (its tokenizer is incomplete)")
+    if not any((directory / name).is_file() for name in TOKENIZER_VOCAB_NAMES):
+        raise FileNotFoundError(f"checkpoint {directory} has no {' or '.join(TOKENIZER_VOCAB_NAMES)} (its tokenizer's "
+                                "vocabulary is missing)")
 
 
 def tokenizer_fingerprint(tokenizer) -> str:

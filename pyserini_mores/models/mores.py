@@ -57,7 +57,7 @@ from ._layers import (
     load_bert_weights,
 )
 from .backbones import DEFAULT_BACKBONE, load_backbone
-from .base import CONFIG_NAME, WEIGHTS_NAME, RankingConfig, RankingModel
+from .base import CONFIG_NAME, WEIGHTS_NAME, RankingConfig, RankingModel, check_tokenizer_files
 from .losses import ranking_scores
 
 POOLINGS = ("cls", "avg")
@@ -461,6 +461,7 @@ class MoresModel(RankingModel):
             raise ValueError(f"{directory} holds a '{values.get('model_type')}' model, not '{cls.model_type}'")
         values.pop("layout", None)
         config = cls.config_class.from_dict({**values, **overrides})
+        check_tokenizer_files(directory)
         # an empty config keeps transformers from reading our config.json as its own (as base.from_pretrained does)
         model = cls(config, AutoTokenizer.from_pretrained(str(directory), config=PretrainedConfig()))
         sources = {"document_module": document_module, "query_module": query_module,

@@ -3,6 +3,7 @@ score them against a once-encoded query in large batches, and hand the scores ba
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
 from pathlib import Path
@@ -31,11 +32,14 @@ class ModelReranker(Reranker):
         model: the model (put in eval mode).
         sidecar: an open :class:`~pyserini_mores.sidecar.SidecarReader` or ``None``.
         batch_size: candidates scored per batch.
-        precision: ``fp32`` or ``bf16`` (autocast on CPU: ~10x faster matmuls on AMX/AVX-512 machines).
+        precision: ``fp32`` or ``bf16`` (bf16 matmuls are ~10x faster on AMX/AVX-512 CPUs).
+        cast_weights: under ``bf16``, score with a copy of the model whose weights were cast to bf16 once
+            (:func:`bf16_scoring_copy`; the default) instead of autocast alone, which re-casts every fp32 weight on
+            every call. ``model`` itself stays fp32, so its fingerprints and sidecar builds do not change.
     """
 
     def __init__(self, model: RankingModel, sidecar=None, *, name: str | None = None, batch_size: int = 250,
-                 precision: str = "fp32"):
+                 precision: str = "fp32", cast_weights: bool = True):
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not '{precision}'")
         if sidecar is not None and model.store_width is None:
@@ -45,12 +49,32 @@ class ModelReranker(Reranker):
         self.name = name or model.model_type
         self.batch_size = batch_size
         self.precision = precision
+        self.cast_weights = cast_weights
+        self._scoring_copy: RankingModel | None = None
+        self._scoring_copy_of: tuple | None = None
+
+    @property
+    def scoring_model(self) -> RankingModel:
+        """The module that scores: :attr:`model`, or under ``bf16`` (with ``cast_weights``) its bf16 copy, made on
+        first use and made again when a weight of :attr:`model` has changed since (e.g. a loaded checkpoint)."""
+        if self.precision != "bf16" or not self.cast_weights:
+            return self.model
+        # Cheap (a pointer and a counter per tensor): in-place updates bump _version, reassignment moves data_ptr.
+        weights = tuple((tensor.data_ptr(), tensor._version) for tensor in self.model.parameters())
+        if self._scoring_copy is None or self._scoring_copy_of != weights:
+            self._scoring_copy = None  # free the old copy before making the new one
+            with torch.inference_mode(False):  # normal tensors, even when first used inside inference mode
+                self._scoring_copy = bf16_scoring_copy(self.model)
+            self._scoring_copy_of = weights
+        return self._scoring_copy
 
     @property
     def needs_text(self) -> bool:
         return self.sidecar is None
 
     def _autocast(self):
+        # Kept on with bf16 weights too: the models' deliberate fp32 islands (e.g. PreTTR's CLS softmax) meet bf16
+        # weights through it; with the weights already bf16 it casts only those activations.
         dtype = PRECISIONS[self.precision]
         return torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
@@ -93,7 +117,7 @@ class ModelReranker(Reranker):
                     }
 
     def _scores(self, query: str, texts: list[Text]) -> torch.Tensor:
-        model = self.model
+        model = self.scoring_model
         if model.store_width is None:
             documents = [_require_text(text, self.name) for text in texts]
             return torch.cat([model.score_texts(query, documents[i:i + self.batch_size]).float()
@@ -113,7 +137,7 @@ class ModelReranker(Reranker):
         return scores
 
     def _score_from_text(self, query_state: Any, texts: list[Text]) -> torch.Tensor:
-        model = self.model
+        model = self.scoring_model
         documents = [_require_text(text, self.name) for text in texts]
         scores = []
         for start in range(0, len(documents), self.batch_size):
@@ -140,6 +164,30 @@ class ModelReranker(Reranker):
             self.sidecar.close()
 
 
+def bf16_scoring_copy(model: RankingModel) -> RankingModel:
+    """An inference copy of ``model`` with every floating parameter in bfloat16 except LayerNorm's γ and β.
+
+    Close to what CPU autocast computes, without its per-call weight casts: matmuls and attention run in bf16 as
+    under autocast; LayerNorm keeps autocast's fp32 γ and β and normalises in fp32 (the CPU kernel accumulates bf16
+    input in fp32); the models' explicit fp32 steps stay fp32. What differs: the embedding tables are bf16 too, and
+    the residual stream stays bf16 where autocast promotes ``x + f(x)`` to fp32, which halves the activation traffic
+    between layers. LayerNorm parameters and the tokenizer are shared, buffers copied; ``model`` is not modified.
+    """
+    from torch import nn
+
+    norm_parameters = {id(parameter) for module in model.modules() if isinstance(module, nn.LayerNorm)
+                       for parameter in module.parameters(recurse=False)}
+    # deepcopy takes objects already in its memo as they are: pre-seeding it with the cast parameters builds the
+    # copy without a transient second fp32 model, and shares what must not be copied.
+    memo: dict[int, Any] = {id(model.tokenizer): model.tokenizer}
+    for parameter in model.parameters():
+        if id(parameter) in norm_parameters or not parameter.is_floating_point():
+            memo[id(parameter)] = parameter
+        else:
+            memo[id(parameter)] = nn.Parameter(parameter.detach().to(torch.bfloat16), requires_grad=False)
+    return copy.deepcopy(model, memo).eval()
+
+
 def _per_document(value: torch.Tensor, batch: int) -> bool:
     return value.dim() > 0 and value.shape[0] == batch
 
@@ -153,10 +201,11 @@ def _require_text(text: Text, name: str) -> str:
 def learned_reranker_factory(model_type: str, default_model: str = DEFAULT_MODEL):
     """A registry factory for ``model_type``: ``model`` (checkpoint dir, backbone name or instance), ``sidecar``
     (path, open reader or None), ``expect_index`` (the identity the sidecar must match), ``batch_size``,
-    ``precision``; any other keyword overrides the model config (e.g. ``reuse='s1'``)."""
+    ``precision``, ``cast_weights``; any other keyword overrides the model config (e.g. ``reuse='s1'``)."""
 
     def factory(model: str | os.PathLike | RankingModel | None = None, sidecar=None, *, expect_index: dict | None = None,
-                batch_size: int = 250, precision: str = "fp32", **model_overrides) -> ModelReranker:
+                batch_size: int = 250, precision: str = "fp32", cast_weights: bool = True,
+                **model_overrides) -> ModelReranker:
         if isinstance(model, RankingModel):
             if model_overrides:
                 raise TypeError("config overrides need a model name or path, not a model instance")
@@ -169,7 +218,8 @@ def learned_reranker_factory(model_type: str, default_model: str = DEFAULT_MODEL
 
             reader = open_sidecar(sidecar, expect_model_fingerprint=instance.store_fingerprint(),
                                   expect_index=expect_index)
-        return ModelReranker(instance, reader, name=model_type, batch_size=batch_size, precision=precision)
+        return ModelReranker(instance, reader, name=model_type, batch_size=batch_size, precision=precision,
+                             cast_weights=cast_weights)
 
     factory.model_type = model_type
     return factory

@@ -14,9 +14,10 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-#: What the no-argument run reranks with. Later issues replace it with trained checkpoints.
+#: What the no-argument run reranks with: the MaxSim dual encoder trained on debian-packages' training queries
+#: (recipe maxsim-debian), shipped as a float16 delta over the pip-installed MiniLM (resources/models/debian-maxsim).
 DEFAULT_RERANKER = "maxsim"
-DEFAULT_MODEL = "minilm"
+DEFAULT_MODEL = "debian-maxsim"
 DEFAULT_MODEL_ARGS: dict = {}
 
 

@@ -104,7 +104,8 @@ class RerankingSearcher:
         return self.searcher.num_docs
 
     def search(self, q: str, k: int = 10) -> list[RerankedHit]:
-        """The top ``k`` hits for query text ``q``."""
+        """The top ``k`` hits for query text ``q``. A query without BM25 terms (blank, or stopwords only) gets no
+        hits, as from ``LuceneSearcher``, and the reranker is not called."""
         hits = self.searcher.search(q, k=max(k, self.rerank_depth))
         return self._rerank(q, hits)[:k]
 

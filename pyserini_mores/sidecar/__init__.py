@@ -16,6 +16,7 @@ from .format import (
     read_manifest,
 )
 from .reader import SidecarReader, open_sidecar
+from .shards import ShardedSidecarReader, assemble_shards
 from .verify import verify_sidecar
 from .writer import SidecarWriter
 
@@ -29,6 +30,8 @@ __all__ = [
     "SidecarNotFoundError",
     "SidecarReader",
     "SidecarWriter",
+    "ShardedSidecarReader",
+    "assemble_shards",
     "open_sidecar",
     "read_manifest",
     "verify_sidecar",

@@ -1,6 +1,7 @@
-"""``python -m pyserini_mores.sidecar {info,verify,build}``: inspect, check and build sidecars.
+"""``python -m pyserini_mores.sidecar {info,verify,build,assemble}``: inspect, check, build and assemble sidecars.
 
-``info`` and ``verify`` need neither torch nor the JVM; ``build`` imports :mod:`.build` only when it is the command.
+``info``, ``verify`` and ``assemble`` need neither torch nor the JVM; ``build`` imports :mod:`.build` only when it is
+the command.
 """
 from __future__ import annotations
 
@@ -10,24 +11,40 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from .format import TOKENS, Manifest, SidecarError, check_directory, read_manifest, short_hash, size_problems
+from .format import (
+    MANIFEST,
+    TOKENS,
+    Manifest,
+    SidecarError,
+    check_directory,
+    read_manifest,
+    short_hash,
+    size_problems,
+)
+from .shards import ShardedManifest, is_sharded, read_sharded_manifest
 
 
 def build_parser(with_build: bool = False) -> argparse.ArgumentParser:
     """The CLI parser; the ``build`` options are added only when ``with_build`` (they import the build module)."""
     parser = argparse.ArgumentParser(prog="python -m pyserini_mores.sidecar",
-                                     description="Inspect, verify and build pyserini_mores sidecars.")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{info,verify,build}")
+                                     description="Inspect, verify, build and assemble pyserini_mores sidecars.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{info,verify,build,assemble}")
     info = commands.add_parser("info", help="summarize a sidecar (reads the manifest only)")
     info.add_argument("path", help="sidecar directory")
     info.add_argument("--json", action="store_true", help="print the manifest as JSON")
     verify = commands.add_parser("verify", help="check sizes, checksums, offsets and docid tables")
-    verify.add_argument("path", help="sidecar directory")
+    verify.add_argument("path", help="sidecar directory (of a sharded sidecar: every shard is verified)")
     build = commands.add_parser("build", help="encode a collection into a sidecar (`build --help` for options)")
     if with_build:
         from .build import define_build_args
 
         define_build_args(build)
+    assemble = commands.add_parser(
+        "assemble", aliases=["merge"],
+        help="join shards built with `build --shards N --shard I` into one sharded sidecar (no data copy)")
+    assemble.add_argument("--output", required=True, help="directory of the sharded sidecar (its manifest only)")
+    assemble.add_argument("shards", nargs="+", metavar="SHARD", help="shard directories, in any order")
+    assemble.add_argument("--overwrite", action="store_true", help="replace an existing sharded manifest")
     return parser
 
 
@@ -46,6 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _info(args)
         if args.command == "verify":
             return _verify(args)
+        if args.command in ("assemble", "merge"):
+            return _assemble(args)
         from .build import run_build
 
         result = run_build(args)
@@ -57,6 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _info(args: argparse.Namespace) -> int:
     check_directory(args.path)
+    if is_sharded(args.path):
+        return _info_sharded(args)
     manifest = read_manifest(args.path)
     if args.json:
         print(json.dumps(manifest.to_dict(), indent=2))
@@ -81,6 +102,58 @@ def _verify(args: argparse.Namespace) -> int:
     return 1
 
 
+def _info_sharded(args: argparse.Namespace) -> int:
+    manifest = read_sharded_manifest(args.path)
+    if args.json:
+        print(json.dumps(manifest.to_dict(), indent=2))
+    problems = []
+    shard_manifests: list[Manifest | None] = []
+    for entry in manifest.shards:
+        try:
+            shard_manifests.append(read_manifest(entry.resolve(Path(args.path))))
+        except SidecarError as error:
+            shard_manifests.append(None)
+            problems.append(str(error))
+            continue
+        problems += [f"{entry.path}: {problem}" for problem in
+                     size_problems(shard_manifests[-1], entry.resolve(Path(args.path)))]
+    if not args.json:
+        print(format_sharded_summary(manifest, args.path, shard_manifests))
+    for problem in problems:
+        print(f"warning: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def _assemble(args: argparse.Namespace) -> int:
+    from .shards import assemble_shards
+
+    path = assemble_shards(args.output, args.shards, overwrite=args.overwrite)
+    print(f"sharded sidecar written to {path / MANIFEST} ({len(args.shards)} shards)")
+    return 0
+
+
+def format_sharded_summary(manifest: ShardedManifest, path: str | Path,
+                           shard_manifests: list[Manifest | None]) -> str:
+    """A readable summary of a sharded manifest, one line per shard (its size when its manifest is readable)."""
+    model = manifest.model
+    docs = max(1, manifest.num_docs)
+    lines = [
+        f"sidecar     {path} (sharded: {len(manifest.shards)} shards, build {manifest.build_id})",
+        f"format      {manifest.format} v{manifest.format_version}, created {manifest.created or '?'}",
+        f"model       {model.get('model_type')} (variant {model.get('store_variant')}), "
+        f"fingerprint {short_hash(manifest.model_fingerprint)}",
+        f"vectors     dim {manifest.dim}, {manifest.dtype}",
+        f"documents   {manifest.num_docs:,} ({manifest.num_tokens:,} tokens, "
+        f"{manifest.num_tokens / docs:.1f} tokens/doc)",
+        f"index       {_pairs(manifest.index)}",
+        f"build       {_pairs(manifest.build) or '-'}",
+    ]
+    for number, (entry, shard) in enumerate(zip(manifest.shards, shard_manifests)):
+        size = _human(sum(file.bytes for file in shard.files.values())) if shard is not None else "unreadable"
+        lines.append(f"shard {number:<5} rows [{entry.row_start:,}, {entry.row_end:,}), {size}: {entry.path}")
+    return "\n".join(lines)
+
+
 def format_summary(manifest: Manifest, path: str | Path) -> str:
     """A readable multi-line summary of a manifest."""
     model = manifest.model
@@ -98,14 +171,29 @@ def format_summary(manifest: Manifest, path: str | Path) -> str:
     if extra_model:
         lines.append(f"            {_pairs(extra_model)}")
     lines += [
-        f"vectors     dim {manifest.dim}, {manifest.dtype}",
+        f"vectors     dim {manifest.dim}, {_codec_summary(manifest)}, {manifest.bytes_per_token:,} bytes/token",
         f"documents   {manifest.num_docs:,} ({manifest.num_tokens:,} tokens, "
         f"{manifest.num_tokens / docs:.1f} tokens/doc)",
         f"size        {_human(total_bytes)} ({tokens_bytes / docs:,.0f} bytes/doc of vectors)",
         f"index       {_pairs(manifest.index)}",
         f"build       {_pairs(manifest.build) or '-'}",
     ]
+    if manifest.shard:
+        shard = manifest.shard
+        lines.append(f"shard       {shard.get('index')} of {shard.get('count')}, rows [{shard.get('row_start')}, "
+                     f"{shard.get('row_end')}) of {shard.get('num_docs')}, build {shard.get('build_id')} "
+                     f"(open the sidecar assembled from its shards)")
     return "\n".join(lines)
+
+
+def _codec_summary(manifest: Manifest) -> str:
+    """The storage dtype, or a compressed sidecar's codec with its settings and training sample."""
+    if not manifest.compressed:
+        return manifest.dtype
+    codec = manifest.codec
+    options = {key: value for key, value in (codec.get("options") or {}).items() if key != "sample_tokens"}
+    settings = "".join(f", {key}={value}" for key, value in options.items())
+    return f"codec {manifest.dtype}{settings} (trained on {codec.get('trained_on_tokens', 0):,} tokens)"
 
 
 def _pairs(values: dict[str, Any]) -> str:

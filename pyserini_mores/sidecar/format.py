@@ -10,6 +10,10 @@ A sidecar is a directory::
     docids.bin                [num_docs]         S{w} docids in row order (row i = Lucene internal docid i)
     docids_sorted.bin         [num_docs]         the same docids sorted (np.searchsorted on the memmap)
     docids_sorted_rows.bin    [num_docs]         int64 row of each sorted docid
+    codec.bin                 [parameters]       float32 trained codec parameters (compressed sidecars only)
+
+A compressed sidecar (:mod:`.codecs`) has a codec name as its ``dtype`` and a ``codec`` manifest field; its
+``tokens.bin`` holds uint8 codes ``[num_tokens, codec.code_size]``.
 
 All files are flat little-endian arrays without headers. Checksums are "sha256-blocks": the sha256 of the
 concatenated raw sha256 digests of consecutive ``block_bytes``-sized blocks of the file (an empty file has no blocks).
@@ -36,6 +40,7 @@ DOCIDS = "docids.bin"
 DOCIDS_SORTED = "docids_sorted.bin"
 DOCIDS_SORTED_ROWS = "docids_sorted_rows.bin"
 DATA_FILES = (TOKENS, OFFSETS, DOCIDS, DOCIDS_SORTED, DOCIDS_SORTED_ROWS)
+CODEC = "codec.bin"
 
 PARTIAL_SUFFIX = ".partial"
 CHECKSUM_ALGORITHM = "sha256-blocks"
@@ -48,6 +53,10 @@ STORAGE_DTYPES: dict[str, np.dtype] = {
     "bfloat16": np.dtype("<u2"),
 }
 INDEX_DTYPE = np.dtype("<i8")
+# Compressed codecs (:mod:`.codecs`) by manifest dtype: tokens.bin then holds uint8 codes, codec.bin float32 parameters.
+CODEC_DTYPES = ("sq8", "sq6", "sq4", "pq")
+CODE_DTYPE = np.dtype("u1")
+CODEC_PARAMETER_DTYPE = np.dtype("<f4")
 
 
 class SidecarError(Exception):
@@ -108,6 +117,10 @@ class Manifest:
     model: dict[str, Any]
     index: dict[str, Any]
     build: dict[str, Any] = field(default_factory=dict)
+    # Set only on a shard of a sharded sidecar (see :mod:`.shards`): its global row range and the parent build id.
+    shard: dict[str, Any] = field(default_factory=dict)
+    # Set only on a compressed sidecar (dtype = a codec name): see :mod:`.codecs`.
+    codec: dict[str, Any] = field(default_factory=dict)
     checksum: dict[str, Any] = field(
         default_factory=lambda: {"algorithm": CHECKSUM_ALGORITHM, "block_bytes": DEFAULT_BLOCK_BYTES})
     created: str = ""
@@ -121,7 +134,23 @@ class Manifest:
 
     @property
     def storage_dtype(self) -> np.dtype:
-        return STORAGE_DTYPES[self.dtype]
+        return CODE_DTYPE if self.compressed else STORAGE_DTYPES[self.dtype]
+
+    @property
+    def compressed(self) -> bool:
+        """Whether ``tokens.bin`` holds codec codes rather than vectors."""
+        return self.dtype in CODEC_DTYPES
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Stored bytes of one token vector (its code size when compressed)."""
+        width = int(self.codec["code_size"]) if self.compressed else self.dim
+        return width * self.storage_dtype.itemsize
+
+    @property
+    def data_files(self) -> tuple[str, ...]:
+        """Every file the manifest describes (and checksums)."""
+        return DATA_FILES + ((CODEC,) if self.compressed else ())
 
     @property
     def block_bytes(self) -> int:
@@ -131,6 +160,10 @@ class Manifest:
         data = asdict(self)
         # Readers look at the format first: put it on top of the file.
         head = {"format": data.pop("format"), "format_version": data.pop("format_version")}
+        if not data["shard"]:
+            del data["shard"]  # unsharded manifests stay exactly as before shards existed
+        if not data["codec"]:
+            del data["codec"]  # so do uncompressed ones
         return {**head, **data}
 
     @classmethod
@@ -152,11 +185,20 @@ class Manifest:
         for name, kind in required.items():
             if not isinstance(data.get(name), kind):
                 raise SidecarCorruptError(f"{source}: field '{name}' is missing or not a {kind.__name__}")
-        if data["dtype"] not in STORAGE_DTYPES:
-            raise SidecarCorruptError(
-                f"{source}: field 'dtype' is {data['dtype']!r}, expected one of {sorted(STORAGE_DTYPES)}")
+        if not isinstance(data.get("shard", {}), dict):
+            raise SidecarCorruptError(f"{source}: field 'shard' is not a dict")
+        if data["dtype"] not in STORAGE_DTYPES and data["dtype"] not in CODEC_DTYPES:
+            raise SidecarCorruptError(f"{source}: field 'dtype' is {data['dtype']!r}, expected one of "
+                                      f"{sorted(STORAGE_DTYPES) + list(CODEC_DTYPES)}")
+        compressed = data["dtype"] in CODEC_DTYPES
+        codec = data.get("codec", {})
+        if compressed and not (isinstance(codec, dict) and codec.get("name") == data["dtype"]
+                               and _positive_int(codec.get("code_size"))
+                               and _positive_int(codec.get("parameter_count"))):
+            raise SidecarCorruptError(f"{source}: field 'codec' is missing or incomplete for dtype "
+                                      f"{data['dtype']!r} (needs name, code_size and parameter_count)")
         files = {}
-        for name in DATA_FILES:
+        for name in DATA_FILES + ((CODEC,) if compressed else ()):
             entry = data["files"].get(name)
             try:
                 files[name] = FileEntry(bytes=int(entry["bytes"]), sha256=str(entry["sha256"]),
@@ -169,17 +211,25 @@ class Manifest:
     def expected_layout(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
         """Each data file's dtype and shape as implied by ``dim``, ``num_docs``, ``num_tokens``, ``docid_width``."""
         docids = docid_dtype(self.docid_width)
-        return {
+        layout = {
             TOKENS: (self.storage_dtype, (self.num_tokens, self.dim)),
             OFFSETS: (INDEX_DTYPE, (self.num_docs + 1,)),
             DOCIDS: (docids, (self.num_docs,)),
             DOCIDS_SORTED: (docids, (self.num_docs,)),
             DOCIDS_SORTED_ROWS: (INDEX_DTYPE, (self.num_docs,)),
         }
+        if self.compressed:
+            layout[TOKENS] = (CODE_DTYPE, (self.num_tokens, int(self.codec["code_size"])))
+            layout[CODEC] = (CODEC_PARAMETER_DTYPE, (int(self.codec["parameter_count"]),))
+        return layout
 
     def expected_bytes(self) -> dict[str, int]:
         return {name: int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
                 for name, (dtype, shape) in self.expected_layout().items()}
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def read_manifest(path: str | os.PathLike) -> Manifest:

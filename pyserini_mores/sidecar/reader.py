@@ -6,6 +6,7 @@ Opening costs one JSON parse and a few ``stat`` calls whatever the collection si
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
@@ -13,6 +14,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 
 from .format import (
+    CODEC,
+    CODEC_PARAMETER_DTYPE,
     DOCIDS,
     DOCIDS_SORTED,
     DOCIDS_SORTED_ROWS,
@@ -20,6 +23,7 @@ from .format import (
     TOKENS,
     Manifest,
     SidecarCorruptError,
+    SidecarMismatchError,
     check_directory,
     check_expectations,
     read_manifest,
@@ -55,6 +59,9 @@ class SidecarReader:
             docs, lengths = sidecar.get_batch([hit.lucene_docid for hit in hits])  # [B, Lmax, dim], [B]
     """
 
+    # A shard alone holds rows of a slice of the index, numbered from 0: only its sharded sidecar may open it.
+    _part_of_sharded = False
+
     def __init__(self, path: str | os.PathLike, *, expect_model_fingerprint: str | None = None,
                  expect_index: Mapping[str, Any] | None = None, expect_dtype: str | None = None,
                  expect_dim: int | None = None):
@@ -63,6 +70,12 @@ class SidecarReader:
                         "expect_dtype": expect_dtype, "expect_dim": expect_dim}
         check_directory(self.path)
         self.manifest: Manifest = read_manifest(self.path)
+        if self.manifest.shard and not self._part_of_sharded:
+            shard = self.manifest.shard
+            raise SidecarMismatchError(
+                f"{self.path} is shard {shard.get('index')} of {shard.get('count')} (rows [{shard.get('row_start')}, "
+                f"{shard.get('row_end')})) of a sharded sidecar, not a whole one; open the sidecar assembled from "
+                f"its shards (`python -m pyserini_mores.sidecar assemble --output DIR SHARD...`)")
         check_expectations(self.manifest, self.path, model_fingerprint=expect_model_fingerprint,
                            index=expect_index, dtype=expect_dtype, dim=expect_dim)
         problems = size_problems(self.manifest, self.path)
@@ -71,7 +84,11 @@ class SidecarReader:
                 f"sidecar {self.path} is damaged: {'; '.join(problems)}. Rebuild it "
                 f"(`python -m pyserini_mores.sidecar verify {self.path}` lists every problem)")
         self._layout = self.manifest.expected_layout()
+        # The files this manifest describes. A rebuild with overwrite=True replaces the directory under an open
+        # reader: a file mapped lazily after that would be the new build's, read with this (old) manifest.
+        self._file_identity = {name: _identity(os.stat(self.path / name)) for name in self._layout}
         self._maps: dict[str, np.ndarray] = {}
+        self._codec = None  # a compressed sidecar's trained codec, loaded on first decode
 
     # ---- metadata ------------------------------------------------------------------------------------------------
     @property
@@ -88,8 +105,26 @@ class SidecarReader:
 
     @property
     def dtype(self) -> str:
-        """Storage dtype name: ``float16``, ``float32`` or ``bfloat16``."""
+        """Storage dtype name: ``float16``, ``float32`` or ``bfloat16``, or the codec of a compressed sidecar
+        (``sq8``, ``sq6``, ``sq4``, ``pq``: see :mod:`.codecs`)."""
         return self.manifest.dtype
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Stored bytes of one token vector (a compressed sidecar's code size)."""
+        return self.manifest.bytes_per_token
+
+    @property
+    def codec(self):
+        """The trained :class:`~.codecs.TokenCodec` of a compressed sidecar (faiss is loaded on first use), or
+        ``None``."""
+        if self._codec is None and self.manifest.compressed:
+            from .codecs import codec_from_manifest
+
+            parameters = np.asarray(self._array(CODEC), dtype=CODEC_PARAMETER_DTYPE)
+            self._codec = codec_from_manifest(self.manifest.codec, self.dim, parameters,
+                                              source=str(self.path / CODEC))
+        return self._codec
 
     @property
     def model(self) -> dict[str, Any]:
@@ -113,13 +148,20 @@ class SidecarReader:
                 array = np.zeros(shape, dtype=dtype)  # mmap cannot map an empty file
                 array.flags.writeable = False
             else:
-                array = np.memmap(self.path / name, dtype=dtype, mode="r", shape=shape)
+                with open(self.path / name, "rb") as stream:
+                    if _identity(os.fstat(stream.fileno())) != self._file_identity[name]:
+                        raise SidecarCorruptError(f"sidecar {self.path} was replaced after it was opened ({name} is "
+                                                  "another file now); open it again")
+                    array = np.memmap(stream, dtype=dtype, mode="r", shape=shape)
+                if name == TOKENS:
+                    _advise_random_access(array)
             self._maps[name] = array
         return array
 
     @property
     def tokens(self) -> np.ndarray:
-        """``[num_tokens, dim]`` stored vectors (read-only memmap; bfloat16 appears as its raw uint16 bits)."""
+        """``[num_tokens, dim]`` stored vectors (read-only memmap; bfloat16 appears as its raw uint16 bits; a
+        compressed sidecar's ``[num_tokens, code_size]`` uint8 codes)."""
         return self._array(TOKENS)
 
     @property
@@ -137,10 +179,13 @@ class SidecarReader:
         return offsets[rows + 1] - offsets[rows]
 
     def get(self, row: int) -> np.ndarray:
-        """``[len, dim]`` vectors of one document: float16/float32 as stored (read-only view), bfloat16 as float32."""
+        """``[len, dim]`` vectors of one document: float16/float32 as stored (read-only view), bfloat16 and codec
+        codes decoded to float32."""
         row = int(self._check_rows([row])[0])
         start, end = self.offsets[row], self.offsets[row + 1]
         stored = self.tokens[start:end]
+        if self.manifest.compressed:
+            return self.codec.decode(stored)
         if self.dtype == "bfloat16":
             # bfloat16 is the top half of a float32: widening the bits is exact and needs no torch.
             return (np.asarray(stored, dtype=np.uint32) << 16).view(np.float32)
@@ -154,7 +199,7 @@ class SidecarReader:
             rows: ``[B]`` row numbers (Lucene internal docids).
             device: where the tensors go; data travels in the stored precision and is converted there.
             dtype: ``torch.float32`` (default), ``torch.float16``/``torch.bfloat16`` (no conversion when stored so),
-                or ``None`` for the stored precision.
+                or ``None`` for the stored precision (float32 for a compressed sidecar, whose codes are decoded).
 
         Returns:
             ``docs [B, Lmax, dim]`` with zeros after each document's length, and ``lengths [B]`` (int64), both on
@@ -171,9 +216,11 @@ class SidecarReader:
         # One gather of every needed token row, then one scatter into the padded buffer: no per-document loop.
         doc_of_token = np.repeat(np.arange(batch), lengths)
         position = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        padded = np.zeros((batch, max_len, self.dim), dtype=tokens.dtype)
+        padded = np.zeros((batch, max_len, tokens.shape[1]), dtype=tokens.dtype)
         if total:
             padded[doc_of_token, position] = tokens[starts[doc_of_token] + position]
+        if self.manifest.compressed:
+            padded = self._decode_padded(padded, lengths)
         if self.dtype == "bfloat16":
             docs = torch.from_numpy(padded.view(np.int16)).view(torch.bfloat16)
         else:
@@ -182,6 +229,16 @@ class SidecarReader:
         if dtype is not None:
             docs = docs.to(_torch_dtype(dtype))
         return docs, torch.from_numpy(lengths.astype(np.int64)).to(device)
+
+    def _decode_padded(self, codes: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """``[B, Lmax, dim]`` float32 vectors of padded ``codes [B, Lmax, code_size]``: every row of the batch in one
+        faiss call, straight into the padded buffer (candidates arrive sorted by length, so padding is little); the
+        padding, whose zero codes decode to a non-zero vector, is zeroed after."""
+        batch, max_len, width = codes.shape
+        padded = np.empty((batch, max_len, self.dim), dtype=np.float32)
+        self.codec.decode(codes.reshape(-1, width), out=padded.reshape(-1, self.dim))
+        padded[np.arange(max_len)[None, :] >= lengths[:, None]] = 0
+        return padded
 
     # ---- docids --------------------------------------------------------------------------------------------------
     def docid(self, row: int) -> str:
@@ -244,6 +301,19 @@ class SidecarReader:
         return rows
 
 
+def _advise_random_access(array: np.memmap) -> None:
+    """Candidates are scattered rows: without this hint every page fault also reads the device's readahead window
+    around it (8 MiB on the virtio disk measured), and a cold fetch of 1000 candidates of a 1M-document sidecar read
+    gigabytes and took 17 s instead of about 1 s (integrations/scale/measure_store.py)."""
+    mapped = getattr(array, "_mmap", None)  # numpy keeps the mmap.mmap object there
+    if mapped is not None and hasattr(mmap, "MADV_RANDOM"):
+        mapped.madvise(mmap.MADV_RANDOM)
+
+
+def _identity(stat: os.stat_result) -> tuple[int, int, int, int]:
+    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+
 def _reopen(path: str, expect: dict[str, Any]) -> SidecarReader:
     return SidecarReader(path, **expect)
 
@@ -259,5 +329,12 @@ def _torch_dtype(dtype: "torch.dtype | str") -> "torch.dtype":
 
 
 def open_sidecar(path: str | os.PathLike, **expect: Any) -> SidecarReader:
-    """Open a sidecar: ``open_sidecar(path, expect_model_fingerprint=..., expect_index=..., ...)``."""
+    """Open a sidecar: ``open_sidecar(path, expect_model_fingerprint=..., expect_index=..., ...)``.
+
+    A sharded sidecar (see :mod:`.shards`) opens as a :class:`~.shards.ShardedSidecarReader`, which has the same API.
+    """
+    from .shards import ShardedSidecarReader, is_sharded
+
+    if is_sharded(path):
+        return ShardedSidecarReader(path, **expect)  # type: ignore[return-value]  # same API, no common base
     return SidecarReader(path, **expect)

@@ -9,7 +9,6 @@ import numpy as np
 
 from .format import (
     CHECKSUM_ALGORITHM,
-    DATA_FILES,
     DOCIDS,
     DOCIDS_SORTED,
     DOCIDS_SORTED_ROWS,
@@ -35,19 +34,24 @@ def verify_sidecar(path: str | os.PathLike) -> list[str]:
     offsets start at 0, never decrease and end at ``num_tokens``; sorted docids are strictly increasing and map
     back to the row-order docids through ``docids_sorted_rows``.
     """
+    from .shards import is_sharded, verify_sharded
+
     path = Path(path)
+    if is_sharded(path):
+        return verify_sharded(path)  # every shard, their coverage and that they belong to the build
     try:
         check_directory(path)
         manifest = read_manifest(path)
     except SidecarError as error:
         return [str(error)]
     problems = size_problems(manifest, path)
-    sized = {name for name in DATA_FILES if not any(problem.startswith(f"{name}:") for problem in problems)}
+    sized = {name for name in manifest.data_files
+             if not any(problem.startswith(f"{name}:") for problem in problems)}
     algorithm = manifest.checksum.get("algorithm")
     if algorithm != CHECKSUM_ALGORITHM:
         problems.append(f"manifest.json: unknown checksum algorithm {algorithm!r}")
     else:
-        for name in DATA_FILES:
+        for name in manifest.data_files:  # codec.bin too, in a compressed sidecar
             if name not in sized:
                 continue
             logger.info("hashing %s", path / name)

@@ -2,10 +2,12 @@
 
 The partial directory holds the data files plus ``_journal/``: ``state.json`` (rows and bytes committed, the build
 parameters) and one append-only ``<file>.blocks`` list of finished block digests per growing file, so that resuming
-truncates the files to the committed lengths and re-reads at most one checksum block per file.
+truncates the files to the committed lengths and re-reads at most one checksum block per file. A full disk stops the
+build with a :class:`SidecarDiskFullError` naming the file; the partial build stays resumable like after a crash.
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -19,6 +21,9 @@ import numpy as np
 from .. import __version__
 from .format import (
     CHECKSUM_ALGORITHM,
+    CODE_DTYPE,
+    CODEC,
+    CODEC_PARAMETER_DTYPE,
     DEFAULT_BLOCK_BYTES,
     DOCIDS,
     DOCIDS_SORTED,
@@ -49,6 +54,19 @@ JOURNAL_DIR = "_journal"
 JOURNAL_STATE = "state.json"
 _GROWING_FILES = (TOKENS, OFFSETS)
 _DOCID_CHUNK = 1 << 20  # docids encoded per chunk, to bound the temporary list of bytes objects
+_DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
+
+
+class SidecarDiskFullError(SidecarError, OSError):
+    """The disk (or a quota) filled up during a build. Everything committed before stays in ``<path>.partial``: free
+    space and run the same build again to resume. ``errno`` is the original ENOSPC/EDQUOT; ``path`` the file."""
+
+    def __init__(self, file: Path, partial: Path, cause: OSError):
+        super().__init__(f"the disk is full: writing {file} failed ({cause.strerror or os.strerror(cause.errno)}). "
+                         f"The partial build {partial} keeps every document committed so far; free space on its "
+                         "disk and run the same build again to resume it")
+        self.errno = cause.errno  # without strerror, str() stays the message above
+        self.path = Path(file)
 
 
 class SidecarWriter:
@@ -62,11 +80,17 @@ class SidecarWriter:
         model: at least ``model_type``, ``store_variant`` and ``fingerprint`` (hex) of the model that encodes.
         index: identity of the Lucene index, e.g. ``{"num_docs": N, "signature": "..."}``; readers compare it.
         build: free-form provenance (max_length, truncated documents, reranker, backbone, source, timings...).
+        shard: for one shard of a sharded sidecar (see :mod:`.shards`): ``build_id``, ``index``, ``count``,
+            ``row_start``, ``row_end`` (its global rows; ``docids`` are theirs) and ``num_docs`` of the whole index.
         overwrite: replace an existing complete sidecar at ``path`` when finalizing.
         restart: discard an existing ``.partial`` build instead of resuming it.
         block_bytes: checksum block size (see :mod:`.format`).
         commit_every_docs: commit the journal once at least this many documents were added since the last commit
             (1: after every :meth:`add`). A crash loses at most the uncommitted documents.
+        codec: ``fp16`` / ``None`` (vectors stored in ``dtype``) or a compressed codec of :mod:`.codecs` (``sq8``,
+            ``sq6``, ``sq4``, ``pq``; ``dtype`` is then ignored). It is trained on the first documents added (they
+            wait in memory until its sample is full, or until :meth:`finalize`), then every document is encoded.
+        codec_options: ``pq_subquantizers`` (PQ's M), ``sample_tokens`` (see :class:`.codecs.TokenCodec`).
 
     Example::
 
@@ -78,8 +102,9 @@ class SidecarWriter:
 
     def __init__(self, path: str | os.PathLike, *, dim: int, dtype: str = "float16", docids: Sequence[str],
                  model: Mapping[str, Any], index: Mapping[str, Any], build: Mapping[str, Any] | None = None,
-                 overwrite: bool = False, restart: bool = False, block_bytes: int = DEFAULT_BLOCK_BYTES,
-                 commit_every_docs: int = 1):
+                 shard: Mapping[str, Any] | None = None, overwrite: bool = False, restart: bool = False,
+                 block_bytes: int = DEFAULT_BLOCK_BYTES, commit_every_docs: int = 1, codec: str | None = None,
+                 codec_options: Mapping[str, Any] | None = None):
         self.path = Path(path)
         self.partial_path = partial_path(self.path)
         self.dim = int(dim)
@@ -91,14 +116,21 @@ class SidecarWriter:
             raise ValueError(f"dtype must be one of {sorted(STORAGE_DTYPES)}, not {dtype!r}")
         if self.dim <= 0:
             raise ValueError(f"dim must be positive, not {dim}")
+        self._codec = _make_codec(codec, self.dim, codec_options)  # None: vectors stored as they are
+        if self._codec is not None:
+            self.dtype = self._codec.name  # the manifest dtype of a compressed sidecar
+        self._pending: list[tuple[np.ndarray, np.ndarray]] = []  # (lengths, float32 tokens) awaiting the codec
         self.model = _check_model(model)
         self.index = json_normalized(dict(index))
         self.build_info: dict[str, Any] = json_normalized(dict(build or {}))
+        self.shard: dict[str, Any] = json_normalized(dict(shard or {}))
         self._check_target()
 
         docid_array = _encode_docids(docids)
         self.num_docs = len(docid_array)
-        if "num_docs" in self.index and int(self.index["num_docs"]) != self.num_docs:
+        if self.shard:
+            _check_shard(self.shard, self.num_docs, self.index)
+        elif "num_docs" in self.index and int(self.index["num_docs"]) != self.num_docs:
             raise ValueError(f"{self.num_docs} docids given but the index has {self.index['num_docs']} documents: "
                              f"sidecar rows must line up with the index's internal docids")
         sorted_rows = np.argsort(docid_array, kind="stable").astype(INDEX_DTYPE)
@@ -112,8 +144,12 @@ class SidecarWriter:
             "format_version": FORMAT_VERSION, "dim": self.dim, "dtype": self.dtype, "num_docs": self.num_docs,
             "docid_width": docid_array.dtype.itemsize, "docids_sha256": docid_checksum, "model": self.model,
             "index": self.index, "block_bytes": self.block_bytes})
+        if self.shard:
+            self._params["shard"] = self.shard  # a partial shard resumes only as the same shard of the same build
+        if self._codec is not None:
+            self._params["codec"] = json_normalized({"name": self._codec.name, **self._codec.options})
         self.docid_width = docid_array.dtype.itemsize
-        self._storage_dtype = STORAGE_DTYPES[self.dtype]
+        self._storage_dtype = CODE_DTYPE if self._codec is not None else STORAGE_DTYPES[self.dtype]
         self._closed = False
         self._finalized = False
         self._broken = False
@@ -139,8 +175,9 @@ class SidecarWriter:
     # ---- public API ----------------------------------------------------------------------------------------------
     @property
     def rows_done(self) -> int:
-        """Documents written (and, once committed, durable). A resumed build continues at this row."""
-        return self._rows_done
+        """Documents added (written, and durable once committed; under a codec still untrained, some may wait in
+        memory). A resumed build continues at this row."""
+        return self._rows_done + sum(len(lengths) for lengths, _ in self._pending)
 
     @property
     def num_tokens(self) -> int:
@@ -152,26 +189,38 @@ class SidecarWriter:
         ``len_i`` may be 0 (an empty document). Returns :attr:`rows_done`.
         """
         self._check_writable()
-        if self._rows_done + len(reps) > self.num_docs:
-            raise ValueError(f"{len(reps)} documents added at row {self._rows_done}, but the sidecar has only "
+        if self.rows_done + len(reps) > self.num_docs:
+            raise ValueError(f"{len(reps)} documents added at row {self.rows_done}, but the sidecar has only "
                              f"{self.num_docs} rows")
         if not len(reps):
+            return self.rows_done
+        if self._codec is None:
+            self._write_rows(*_to_storage(reps, self.dim, self.dtype, first_row=self._rows_done))
             return self._rows_done
-        lengths, tokens = _to_storage(reps, self.dim, self.dtype, first_row=self._rows_done)
+        lengths, tokens = _to_storage(reps, self.dim, "float32", first_row=self.rows_done)
+        if self._codec.trained:
+            self._write_rows(lengths, self._codec.encode(tokens))
+        else:
+            self._pending.append((lengths, tokens))
+            if sum(len(pending) for _, pending in self._pending) >= self._codec.sample_tokens:
+                self._train_codec()
+        return self.rows_done
+
+    def _write_rows(self, lengths: np.ndarray, tokens: np.ndarray) -> None:
+        """Append documents of ``lengths`` whose token rows (in the storage dtype, or codes) are ``tokens``."""
         offsets = (self._num_tokens + np.cumsum(lengths, dtype=np.int64)).astype(INDEX_DTYPE)
         try:
             # Offsets after tokens: a crash between the two leaves extra token bytes, which resuming truncates.
             self._append(TOKENS, tokens)
             self._append(OFFSETS, offsets)
         except BaseException:
-            self._broken = True  # file positions are unknown now: only close(); the last journal stays valid
+            self._fail()
             raise
-        self._rows_done += len(reps)
+        self._rows_done += len(lengths)
         self._num_tokens += int(lengths.sum())
-        self._uncommitted_docs += len(reps)
+        self._uncommitted_docs += len(lengths)
         if self._uncommitted_docs >= self.commit_every_docs:
             self.commit()
-        return self._rows_done
 
     def update_build(self, info: Mapping[str, Any]) -> None:
         """Add provenance to the manifest's ``build`` dict; it is journalled at the next commit, so it survives a
@@ -182,22 +231,30 @@ class SidecarWriter:
         """Make everything added so far durable: fsync data, append finished block digests, then the journal."""
         if self._closed:
             return
-        for name in _GROWING_FILES:
-            stream = self._files[name]
-            stream.flush()
-            os.fsync(stream.fileno())
-        for name in _GROWING_FILES:
-            new = self._hashers[name].block_digests[self._logged_blocks[name]:]
-            if new:
-                with open(self._journal / f"{name}.blocks", "a", encoding="ascii") as log:
-                    log.write("".join(digest.hex() + "\n" for digest in new))
-                    log.flush()
-                    os.fsync(log.fileno())
-                self._logged_blocks[name] += len(new)
-        write_json_atomic(self._journal / JOURNAL_STATE, {
-            "params": self._params, "rows_done": self._rows_done, "num_tokens": self._num_tokens,
-            "bytes": {TOKENS: self._token_bytes(self._num_tokens), OFFSETS: self._offset_bytes(self._rows_done)},
-            "static_files": self._static_files, "build": self.build_info, "updated": time.time()})
+        file = self.partial_path  # what is being written, for the message of a full disk
+        try:
+            for name in _GROWING_FILES:
+                file, stream = self.partial_path / name, self._files[name]
+                stream.flush()
+                os.fsync(stream.fileno())
+            for name in _GROWING_FILES:
+                new = self._hashers[name].block_digests[self._logged_blocks[name]:]
+                if new:
+                    file = self._journal / f"{name}.blocks"
+                    with open(file, "a", encoding="ascii") as log:
+                        log.write("".join(digest.hex() + "\n" for digest in new))
+                        log.flush()
+                        os.fsync(log.fileno())
+                    self._logged_blocks[name] += len(new)
+            file = self._journal / JOURNAL_STATE
+            write_json_atomic(file, {
+                "params": self._params, "rows_done": self._rows_done, "num_tokens": self._num_tokens,
+                "bytes": {TOKENS: self._token_bytes(self._num_tokens), OFFSETS: self._offset_bytes(self._rows_done)},
+                "static_files": self._static_files, "build": self.build_info, "updated": time.time()})
+        except BaseException as error:
+            self._fail()
+            _raise_if_disk_full(error, file, self.partial_path)
+            raise
         self._uncommitted_docs = 0
 
     def finalize(self, build: Mapping[str, Any] | None = None) -> Path:
@@ -206,6 +263,8 @@ class SidecarWriter:
         ``build`` adds provenance known only at the end (timings, truncated documents...).
         """
         self._check_writable()
+        if self._pending:
+            self._train_codec()  # a collection smaller than the codec's sample trains it on all of its tokens
         if self._rows_done != self.num_docs:
             raise SidecarError(f"cannot finalize {self.path}: {self._rows_done} of {self.num_docs} documents "
                                f"written")
@@ -218,6 +277,7 @@ class SidecarWriter:
         manifest = Manifest(
             dim=self.dim, dtype=self.dtype, num_docs=self.num_docs, num_tokens=self._num_tokens,
             docid_width=self.docid_width, files={}, model=self.model, index=self.index, build=self.build_info,
+            shard=self.shard, codec=self._codec.manifest_entry() if self._codec is not None else {},
             checksum={"algorithm": CHECKSUM_ALGORITHM, "block_bytes": self.block_bytes},
             created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             library={"name": "pyserini_mores", "version": __version__})
@@ -226,7 +286,11 @@ class SidecarWriter:
             if size != (self.partial_path / name).stat().st_size:
                 raise SidecarCorruptError(f"{self.partial_path / name} changed size while finalizing")
             manifest.files[name] = FileEntry(bytes=size, sha256=checksum, dtype=dtype.str, shape=list(shape))
-        write_json_atomic(self.partial_path / MANIFEST, manifest.to_dict())
+        try:
+            write_json_atomic(self.partial_path / MANIFEST, manifest.to_dict())
+        except OSError as error:
+            _raise_if_disk_full(error, self.partial_path / MANIFEST, self.partial_path)
+            raise
         self._replace_target()
         # The journal goes after the rename: a crash before it leaves a resumable partial, after it a harmless dir.
         shutil.rmtree(self.path / JOURNAL_DIR, ignore_errors=True)
@@ -257,7 +321,7 @@ class SidecarWriter:
     def __exit__(self, exc_type, exc, traceback) -> None:
         if self._closed:
             return
-        if exc_type is None and self._rows_done == self.num_docs:
+        if exc_type is None and self.rows_done == self.num_docs:
             self.finalize()
             return
         if exc_type is None:
@@ -275,7 +339,8 @@ class SidecarWriter:
         return self.partial_path / JOURNAL_DIR
 
     def _token_bytes(self, num_tokens: int) -> int:
-        return num_tokens * self.dim * self._storage_dtype.itemsize
+        width = self._codec.code_size if self._codec is not None else self.dim
+        return num_tokens * width * self._storage_dtype.itemsize
 
     def _offset_bytes(self, rows: int) -> int:
         return (rows + 1) * INDEX_DTYPE.itemsize
@@ -299,10 +364,14 @@ class SidecarWriter:
                            sorted_rows: np.ndarray) -> None:
         for name, array in ((DOCIDS, docid_array), (DOCIDS_SORTED, docids_sorted),
                             (DOCIDS_SORTED_ROWS, sorted_rows)):
-            with open(self.partial_path / name, "wb") as out:
-                out.write(_as_bytes(array))
-                out.flush()
-                os.fsync(out.fileno())
+            try:
+                with open(self.partial_path / name, "wb") as out:
+                    out.write(_as_bytes(array))
+                    out.flush()
+                    os.fsync(out.fileno())
+            except OSError as error:
+                _raise_if_disk_full(error, self.partial_path / name, self.partial_path)
+                raise
             self._static_files[name] = {"bytes": array.nbytes, "sha256": _hash_bytes(array, self.block_bytes)}
 
     def _load_state(self) -> dict[str, Any] | None:
@@ -338,6 +407,8 @@ class SidecarWriter:
             for name in (DOCIDS, DOCIDS_SORTED, DOCIDS_SORTED_ROWS))
         if not docid_files_ok:
             self._write_docid_files(docid_array, docids_sorted, sorted_rows)
+        if self._codec is not None and (rows or CODEC in self._static_files):
+            self._load_codec_file()  # trained before the interruption: the rows written are its codes
         self._hashers = {}
         for name, length in lengths.items():
             saved = _read_block_log(self._journal / f"{name}.blocks")
@@ -351,11 +422,56 @@ class SidecarWriter:
         self._files = {name: open(self.partial_path / name, "ab") for name in _GROWING_FILES}
         logger.info("resuming sidecar build %s at row %d of %d", self.partial_path, rows, self.num_docs)
 
+    # ---- the codec ---------------------------------------------------------------------------------------------
+    def _train_codec(self) -> None:
+        """Train the codec on the first tokens waiting, store its parameters, then write every waiting document."""
+        sample = np.concatenate([tokens for _, tokens in self._pending])[:self._codec.sample_tokens]
+        self._codec.train(sample)
+        parameters = self._codec.parameters()
+        file = self.partial_path / CODEC
+        try:
+            with open(file, "wb") as out:
+                out.write(_as_bytes(parameters))
+                out.flush()
+                os.fsync(out.fileno())
+        except OSError as error:
+            _raise_if_disk_full(error, file, self.partial_path)
+            raise
+        self._static_files[CODEC] = {"bytes": parameters.nbytes, "sha256": _hash_bytes(parameters, self.block_bytes),
+                                     "codec": self._codec.manifest_entry()}
+        pending, self._pending = self._pending, []
+        for lengths, tokens in pending:
+            self._write_rows(lengths, self._codec.encode(tokens))
+
+    def _load_codec_file(self) -> None:
+        from .codecs import codec_from_manifest
+
+        entry, file = self._static_files.get(CODEC), self.partial_path / CODEC
+        if entry is None or not file.exists() or file.stat().st_size != entry["bytes"]:
+            raise SidecarCorruptError(f"cannot resume {self.partial_path}: rows were written with a codec whose "
+                                      f"parameters ({CODEC}) are missing or damaged; pass restart=True to start over")
+        parameters = np.fromfile(file, dtype=CODEC_PARAMETER_DTYPE)
+        if _hash_bytes(parameters, self.block_bytes) != entry["sha256"]:
+            raise SidecarCorruptError(f"cannot resume {self.partial_path}: {CODEC} does not match its checksum; "
+                                      f"pass restart=True to start over")
+        self._codec = codec_from_manifest(entry["codec"], self.dim, parameters, source=str(file))
+
     # ---- internals -----------------------------------------------------------------------------------------------
     def _append(self, name: str, array: np.ndarray) -> None:
         data = _as_bytes(array)
-        self._files[name].write(data)
+        try:
+            self._files[name].write(data)
+        except OSError as error:
+            _raise_if_disk_full(error, self.partial_path / name, self.partial_path)
+            raise
         self._hashers[name].update(data)
+
+    def _fail(self) -> None:
+        """After a failed write or commit: file positions and buffers are unknown, so close the files now (a buffer
+        flushed later could land after a resumed writer's appends). The last committed journal stays authoritative:
+        a new writer resumes from it."""
+        self._broken = True
+        self._close_files()
 
     def _check_writable(self) -> None:
         if self._finalized:
@@ -397,6 +513,24 @@ class SidecarWriter:
 
 
 # ---- helpers -----------------------------------------------------------------------------------------------------
+def _raise_if_disk_full(error: BaseException, file: Path, partial: Path) -> None:
+    if isinstance(error, OSError) and not isinstance(error, SidecarError) and error.errno in _DISK_FULL_ERRNOS:
+        raise SidecarDiskFullError(file, partial, error) from error
+
+
+def _make_codec(name: str | None, dim: int, options: Mapping[str, Any] | None):
+    """The untrained codec ``name`` (``None`` for the identity ``fp16``); faiss is imported only for a real one."""
+    from .codecs import CODECS, TokenCodec, is_compressed
+
+    if name is not None and name not in CODECS:
+        raise ValueError(f"codec must be one of {', '.join(CODECS)}, not {name!r}")
+    if not is_compressed(name):
+        if options:
+            raise ValueError(f"codec options {sorted(options)} need a compressed codec, not {name or 'fp16'}")
+        return None
+    return TokenCodec(name, dim, **dict(options or {}))
+
+
 def _check_model(model: Mapping[str, Any]) -> dict[str, Any]:
     model = json_normalized(dict(model))
     missing = [key for key in ("model_type", "store_variant", "fingerprint") if not model.get(key)]
@@ -409,11 +543,24 @@ def _check_model(model: Mapping[str, Any]) -> dict[str, Any]:
     return model
 
 
+def _check_shard(shard: Mapping[str, Any], num_docs: int, index: Mapping[str, Any]) -> None:
+    missing = [key for key in ("build_id", "index", "count", "row_start", "row_end", "num_docs") if key not in shard]
+    if missing:
+        raise ValueError(f"shard info lacks {', '.join(missing)}")
+    if int(shard["row_end"]) - int(shard["row_start"]) != num_docs:
+        raise ValueError(f"{num_docs} docids given for shard rows [{shard['row_start']}, {shard['row_end']})")
+    if "num_docs" in index and int(index["num_docs"]) != int(shard["num_docs"]):
+        raise ValueError(f"the shard belongs to a sidecar of {shard['num_docs']} documents but the index has "
+                         f"{index['num_docs']}")
+
+
 def _encode_docids(docids: Sequence[str]) -> np.ndarray:
     """``[num_docs]`` fixed-width UTF-8 bytes ``S{w}``, filled in chunks (no list of 8.8M bytes objects at once)."""
     def encoded(docid: str) -> bytes:
         if not isinstance(docid, str):
             raise TypeError(f"docids must be str, not {type(docid).__name__} ({docid!r})")
+        if "\x00" in docid:  # fixed-width numpy bytes drop trailing NULs: it would read back as another docid
+            raise ValueError(f"docid {docid!r} contains a NUL character, which the sidecar cannot store")
         return docid.encode("utf-8")
 
     width = max((len(encoded(docid)) for docid in docids), default=1)

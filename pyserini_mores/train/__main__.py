@@ -8,6 +8,7 @@ Examples::
         --dev-topics queries.dev.tsv --dev-qrels qrels.dev.txt --dev-index indexes/debian
     python -m pyserini_mores.train pretrain-compressor --recipe prettr-compressor-debian --texts collection.tsv \\
         --output models/prettr-e128
+    python -m pyserini_mores.train export-delta --model-type prettr --model models/prettr --output prettr-delta
     python -m pyserini_mores.train recipes            # list the shipped recipes
 """
 from __future__ import annotations
@@ -67,6 +68,8 @@ def define_train_args(parser: argparse.ArgumentParser) -> None:
     opt.add_argument("--margin", type=float, default=S, help="pairwise hinge margin (default 1, TK)")
     opt.add_argument("--train-modules", choices=TRAIN_MODULES, default=S,
                      help="MORES adapt-interaction / adapt-representation: train only those modules")
+    opt.add_argument("--freeze-embeddings", action=argparse.BooleanOptionalAction, default=S,
+                     help="keep the embedding tables frozen (the trained model then ships as a small delta)")
     opt.add_argument("--max-steps", type=int, default=S, help="optimiser steps (overrides --epochs)")
     opt.add_argument("--epochs", type=float, default=S, help="passes over the triples (default 1)")
     opt.add_argument("--batch-size", type=int, default=S,
@@ -135,6 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
     define_train_args(commands.add_parser("train", help="train a reranker on triples"))
     define_compressor_args(commands.add_parser(
         "pretrain-compressor", help="pre-train a PreTTR compressor on unlabelled (query, passage) pairs"))
+    delta = commands.add_parser("export-delta", help="store a trained model as only the tensors that differ from its "
+                                                     "backbone (small enough to ship; see pyserini_mores.models.delta)")
+    delta.add_argument("--model-type", required=True)
+    delta.add_argument("--model", required=True, help="trained checkpoint directory")
+    delta.add_argument("--output", required=True)
+    delta.add_argument("--dtype", choices=["float16", "bfloat16", "float32"], default="float16")
     recipes = commands.add_parser("recipes", help="list the shipped recipes, or show one")
     recipes.add_argument("name", nargs="?")
     return parser
@@ -223,6 +232,17 @@ def run_compressor(args: argparse.Namespace) -> None:
     print(f"saved to {result.output}")
 
 
+def run_export_delta(args: argparse.Namespace) -> None:
+    import torch
+
+    from ..models import load_model
+    from ..models.delta import save_delta
+
+    summary = save_delta(load_model(args.model_type, args.model), args.output, dtype=getattr(torch, args.dtype))
+    print(f"stored {summary['parameters']:,} of {summary['of_parameters']:,} "
+          f"parameters ({summary['tensors']} tensors, {summary['bytes'] / 1e6:.1f} MB) in {args.output}")
+
+
 def run_recipes(args: argparse.Namespace) -> None:
     from .recipes import read_recipe, recipe_names
 
@@ -241,7 +261,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         setup_logging()
     handlers = {"mine-negatives": run_mine, "train": run_train, "pretrain-compressor": run_compressor,
-                "recipes": run_recipes}
+                "export-delta": run_export_delta, "recipes": run_recipes}
     try:
         from tqdm.contrib.logging import logging_redirect_tqdm
 

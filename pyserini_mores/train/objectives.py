@@ -104,12 +104,15 @@ def mean_loss(model: nn.Module, groups: Sequence, loss: str = "pointwise", margi
     return total / max(count, 1)
 
 
-def select_trainable(model: nn.Module, train_modules: str = "all") -> list[str]:
+def select_trainable(model: nn.Module, train_modules: str = "all", freeze_embeddings: bool = False) -> list[str]:
     """Freeze every parameter outside ``train_modules`` and return the names of those left trainable.
 
     ``all`` keeps the model's own choices (e.g. TK's frozen borrowed embeddings). ``interaction`` /
     ``representation`` are MORES's adapt-interaction (only the interaction blocks and head train) and
     adapt-representation (only the document and query modules — tied layers included — train).
+    ``freeze_embeddings`` also freezes every embedding table (and its LayerNorm): half of a MiniLM's weights, so a
+    model trained that way differs from its backbone only in its layers and can ship as a small delta
+    (:func:`pyserini_mores.models.delta.save_delta`).
 
     Raises:
         ValueError: for ``interaction``/``representation`` on a model that has no such modules.
@@ -124,6 +127,10 @@ def select_trainable(model: nn.Module, train_modules: str = "all") -> list[str]:
         prefixes = MORES_MODULES[train_modules]
         for name, parameter in model.named_parameters():
             if not name.startswith(prefixes):
+                parameter.requires_grad_(False)
+    if freeze_embeddings:
+        for name, parameter in model.named_parameters():
+            if "embeddings." in name or name.startswith("embeddings"):
                 parameter.requires_grad_(False)
     trainable = [name for name, parameter in model.named_parameters() if parameter.requires_grad]
     if not trainable:

@@ -59,7 +59,7 @@ DEFAULT_LOSSES = {"mores": "pointwise", "cross-encoder": "pointwise", "prettr": 
 #: settings that change the trajectory of a run; --resume refuses to continue with different values
 RESUME_MUST_MATCH = ("model_type", "init", "triples", "loss", "model_args", "train_modules", "batch_size",
                      "grad_accum", "lr", "head_lr", "weight_decay", "warmup_steps", "scheduler", "margin",
-                     "negatives_per_example", "max_triples", "seed", "bf16", "max_grad_norm")
+                     "negatives_per_example", "max_triples", "seed", "bf16", "max_grad_norm", "freeze_embeddings")
 
 
 @dataclass
@@ -76,6 +76,8 @@ class TrainingSettings:
             the model's paper loss (:data:`DEFAULT_LOSSES`).
         model_args: config overrides for a model built from a backbone (e.g. ``n_interaction_blocks``).
         train_modules: ``all``, or MORES's ``interaction`` / ``representation``.
+        freeze_embeddings: keep every embedding table at its initial value (the model can then ship as a small
+            delta over its backbone).
         batch_size: training examples per optimiser step — pointwise (query, passage, label) examples for the
             pointwise loss (a triple gives 1 + k of them), groups (query, positive, k negatives) otherwise.
         grad_accum: micro-batches per optimiser step (``batch_size`` is split into them).
@@ -96,6 +98,7 @@ class TrainingSettings:
     loss: str | None = None
     model_args: dict = field(default_factory=dict)
     train_modules: str = "all"
+    freeze_embeddings: bool = False
     max_steps: int | None = None
     epochs: float = 1.0
     batch_size: int = 32
@@ -326,6 +329,10 @@ def _check_resume_args(path: Path, settings: TrainingSettings) -> None:
         return
     saved = json.loads(path.read_text())
     current = json.loads(json.dumps(settings.to_dict()))  # the same JSON normalisation as the saved copy
+    # a setting added after the run was saved counts as its default, so older runs stay resumable
+    defaults = {item.name: item.default for item in dataclasses.fields(TrainingSettings)
+                if item.default is not dataclasses.MISSING}
+    saved = {**{name: defaults.get(name) for name in RESUME_MUST_MATCH}, **saved}
     differing = [name for name in RESUME_MUST_MATCH if saved.get(name) != current.get(name)]
     if differing:
         details = ", ".join(f"{name}: {saved.get(name)!r} → {current.get(name)!r}" for name in differing)
@@ -408,7 +415,7 @@ def train(
         state = TrainerState()
     device = torch.device(settings.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model.to(device)
-    trainable = select_trainable(model, settings.train_modules)
+    trainable = select_trainable(model, settings.train_modules, settings.freeze_embeddings)
     groups_for_optimizer = parameter_groups(model, settings.lr, settings.head_lr, settings.weight_decay)
     optimizer = torch.optim.AdamW(groups_for_optimizer, lr=settings.lr, weight_decay=settings.weight_decay)
     scheduler = _make_scheduler(optimizer, settings.scheduler, settings.warmup_steps, total_steps)

@@ -1,0 +1,107 @@
+"""Delta checkpoints: a trained model stored as only the tensors that differ from its backbone initialisation.
+
+A model trained with frozen embeddings (``train --freeze-embeddings``) shares half its weights with the
+pip-installed backbone; TK shares its whole embedding table. Storing the rest — in float16 by default — is what lets
+the package ship trained models for its embedded default in a few MB. Loading rebuilds the model from the backbone
+exactly as training started it (same seed, :data:`pyserini_mores.models.INIT_SEED`) and overwrites the stored
+tensors, so a delta loads to the same weights in every process (and so finds the same sidecar).
+
+Layout: ``config.json`` (the model's, plus ``"delta"``: dtype and the number of tensors) and ``delta.safetensors``.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from .base import CONFIG_NAME, RankingModel
+
+DELTA_WEIGHTS_NAME = "delta.safetensors"
+#: config fields that ``from_backbone`` derives from the backbone itself (and so must not be passed back to it)
+BACKBONE_DERIVED_FIELDS = ("encoder", "backbone", "embedding_dim", "vocab_size", "tokenizer_type")
+
+
+def is_delta_checkpoint(directory: str | os.PathLike) -> bool:
+    return (Path(directory) / DELTA_WEIGHTS_NAME).is_file()
+
+
+def save_delta(model: RankingModel, directory: str | os.PathLike, dtype: torch.dtype = torch.float16) -> dict:
+    """Write the tensors of ``model`` that differ from its backbone initialisation to ``directory``.
+
+    Returns a summary: tensors and parameters stored, of how many, and the file size.
+
+    Raises:
+        ValueError: the model has no ``config.backbone`` to be rebuilt from.
+    """
+    from safetensors.torch import save_file
+
+    reference = rebuild_from_backbone(type(model).model_type, model.config.to_dict())
+    reference_state = reference.state_dict()
+    changed, seen = {}, set()
+    total = 0
+    for name, tensor in model.state_dict().items():
+        total += tensor.numel()
+        if tensor.data_ptr() in seen:  # tied modules (e.g. MORES's shared layers): store each tensor once
+            continue
+        seen.add(tensor.data_ptr())
+        if not torch.equal(tensor, reference_state[name]):
+            changed[name] = tensor.detach().to("cpu", dtype if tensor.is_floating_point() else tensor.dtype).clone()
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = {"model_type": model.model_type, **model.config.to_dict(),
+              "delta": {"dtype": str(dtype).removeprefix("torch."), "tensors": len(changed)}}
+    (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    save_file(changed, str(directory / DELTA_WEIGHTS_NAME))
+    stored = sum(tensor.numel() for tensor in changed.values())
+    return {"tensors": len(changed), "parameters": stored, "of_parameters": total,
+            "bytes": (directory / DELTA_WEIGHTS_NAME).stat().st_size}
+
+
+def load_delta(model_cls: type[RankingModel], directory: str | os.PathLike, **overrides) -> RankingModel:
+    """Rebuild the model from its backbone and apply the stored tensors; ``overrides`` replace config fields
+    that do not change weights (e.g. MORES's ``reuse``).
+
+    Raises:
+        ValueError: the delta does not fit the rebuilt model (another backbone, a changed config).
+    """
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    values = json.loads((directory / CONFIG_NAME).read_text())
+    values.pop("delta", None)
+    if values.get("model_type") != model_cls.model_type:
+        raise ValueError(f"{directory} holds a '{values.get('model_type')}' model, not '{model_cls.model_type}'")
+    model = rebuild_from_backbone(model_cls.model_type, {**values, **overrides})
+    state = model.state_dict()
+    with torch.no_grad():
+        for name, tensor in load_file(str(directory / DELTA_WEIGHTS_NAME)).items():
+            if name not in state or state[name].shape != tensor.shape:
+                raise ValueError(f"{directory / DELTA_WEIGHTS_NAME}: tensor '{name}' "
+                                 f"{tuple(tensor.shape)} does not fit the model rebuilt from "
+                                 f"'{values.get('backbone')}'; was it saved from another backbone?")
+            state[name].copy_(tensor.to(state[name].dtype))
+    return model.eval()
+
+
+def rebuild_from_backbone(model_type: str, config: dict) -> RankingModel:
+    """The model ``model_type`` as :func:`pyserini_mores.models.load_model` initialises it from ``config['backbone']``
+    with ``config``'s other fields; its config must come out equal to ``config``."""
+    import dataclasses
+
+    from . import load_model, model_class
+
+    backbone = config.get("backbone")
+    if not backbone:
+        raise ValueError("the model records no backbone to rebuild it from; save it with save_pretrained instead")
+    fields = {item.name for item in dataclasses.fields(model_class(model_type).config_class)}  # not derived values
+    overrides = {key: value for key, value in config.items()
+                 if key in fields and key not in BACKBONE_DERIVED_FIELDS}
+    model = load_model(model_type, backbone, **overrides)
+    rebuilt = {key: value for key, value in model.config.to_dict().items() if key in config}
+    wanted = {key: value for key, value in config.items() if key in rebuilt}
+    if json.dumps(rebuilt, sort_keys=True) != json.dumps(wanted, sort_keys=True):
+        differing = sorted(key for key in wanted if rebuilt[key] != wanted[key])
+        raise ValueError(f"backbone '{backbone}' rebuilds a different model (config fields {differing} differ)")
+    return model

@@ -1,0 +1,238 @@
+"""Compressed token codecs for the sidecar, from faiss: scalar quantisers (8, 6 or 4 bits per value) and product
+quantisation (M sub-quantisers of 256 centroids, one byte each), trained on the first token vectors a build writes
+and decoded in batches at read time.
+
+A compressed sidecar stores ``tokens.bin`` as uint8 codes ``[num_tokens, code_size]``; its manifest ``dtype`` is the
+codec name, so a reader that predates codecs refuses it instead of misreading bytes, and ``codec`` records the codec
+and its settings. The trained parameters go to ``codec.bin`` as flat little-endian float32, checksummed like every
+data file: for the scalar quantisers faiss's per-dimension minimum and range (``[2, dim]``), for PQ the centroids
+(``[M, 256, dim / M]``). ``fp16`` is the identity: the uncompressed store of before (``--dtype``, float16 by default).
+
+Needs numpy only until a codec is built: faiss is imported then (``sidecar info`` stays light).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Mapping
+
+import numpy as np
+
+from .format import CODE_DTYPE, CODEC_DTYPES, CODEC_PARAMETER_DTYPE, SidecarCorruptError
+
+logger = logging.getLogger(__name__)
+
+IDENTITY = "fp16"
+CODECS = (IDENTITY, *CODEC_DTYPES)
+# faiss ScalarQuantizer types; codes are packed, so 6 bits per value cost 6/8 of a byte.
+_SCALAR_TYPES = {"sq8": "QT_8bit", "sq6": "QT_6bit", "sq4": "QT_4bit"}
+PQ_BITS = 8  # 256 centroids per sub-quantiser: one byte per code, the layout faiss decodes fastest
+PQ_POINTS_PER_CENTROID = 39  # below this many training points per centroid k-means is poorly fit (faiss's advice)
+# The training sample: the first tokens written, up to this many bytes of float32 (and never more than
+# DEFAULT_SAMPLE_TOKENS). PQ's k-means wants >= 39 x 256 points per sub-quantiser; faiss subsamples to 256 x 256.
+DEFAULT_SAMPLE_TOKENS = 65536
+DEFAULT_SAMPLE_BYTES = 128 * 1024 * 1024
+
+
+def is_compressed(name: str | None) -> bool:
+    """True for a codec that stores codes (every codec but the identity ``fp16``)."""
+    return name is not None and name != IDENTITY
+
+
+def default_pq_subquantizers(dim: int) -> int:
+    """``M`` when none is given: one byte per 4 dimensions (2 bits per value, 1/8 of float16), or the largest
+    divisor of ``dim`` below that."""
+    for m in range(max(1, dim // 4), 0, -1):
+        if dim % m == 0:
+            return m
+    return 1
+
+
+class TokenCodec:
+    """One trained (or trainable) codec of ``dim``-wide token vectors.
+
+    Args:
+        name: ``sq8``, ``sq6``, ``sq4`` or ``pq``.
+        dim: vector width.
+        pq_subquantizers: PQ's ``M`` (must divide ``dim``; default :func:`default_pq_subquantizers`).
+        sample_tokens: how many of the first token vectors train it (default: :data:`DEFAULT_SAMPLE_TOKENS`, capped
+            at :data:`DEFAULT_SAMPLE_BYTES` of float32).
+
+    Example::
+
+        codec = TokenCodec("sq8", dim=128)
+        codec.train(first_vectors)                     # [n, 128] float32
+        codes = codec.encode(vectors)                  # [m, 128] uint8
+        approx = codec.decode(codes)                   # [m, 128] float32
+    """
+
+    def __init__(self, name: str, dim: int, *, pq_subquantizers: int | None = None, sample_tokens: int | None = None):
+        if name not in CODEC_DTYPES:
+            raise ValueError(f"unknown codec {name!r}; known: {', '.join(CODECS)}")
+        if dim <= 0:
+            raise ValueError(f"dim must be positive, not {dim}")
+        self.name, self.dim = name, int(dim)
+        if name == "pq":
+            m = default_pq_subquantizers(self.dim) if pq_subquantizers is None else int(pq_subquantizers)
+            if m <= 0 or self.dim % m:
+                raise ValueError(f"pq needs a number of sub-quantisers M that divides the dim {self.dim}, not {m}")
+            self.pq_subquantizers: int | None = m
+        elif pq_subquantizers is not None:
+            raise ValueError(f"pq_subquantizers applies to the pq codec, not {name}")
+        else:
+            self.pq_subquantizers = None
+        budget = max(1, DEFAULT_SAMPLE_BYTES // (4 * self.dim))
+        self.sample_tokens = int(sample_tokens) if sample_tokens else min(DEFAULT_SAMPLE_TOKENS, budget)
+        if self.sample_tokens <= 0:
+            raise ValueError(f"sample_tokens must be positive, not {sample_tokens}")
+        self.trained_on = 0
+        self._index = self._new_index()
+
+    # ---- what it is ------------------------------------------------------------------------------------------------
+    @property
+    def code_size(self) -> int:
+        """Bytes per stored token vector."""
+        return int(self._index.sa_code_size())
+
+    @property
+    def trained(self) -> bool:
+        return bool(self._index.is_trained)
+
+    @property
+    def min_training_tokens(self) -> int:
+        """k-means needs at least one point per centroid; a scalar quantiser, one vector."""
+        return 2 ** PQ_BITS if self.name == "pq" else 1
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """What the codec was made with, as the manifest and the build journal record it."""
+        options: dict[str, Any] = {"sample_tokens": self.sample_tokens}
+        if self.pq_subquantizers is not None:
+            options["pq_subquantizers"] = self.pq_subquantizers
+        return options
+
+    def manifest_entry(self) -> dict[str, Any]:
+        """The manifest's ``codec`` field (:func:`codec_from_manifest` reads it back)."""
+        import faiss
+
+        return {"name": self.name, "code_size": self.code_size, "parameter_count": int(self.parameters().size),
+                "options": self.options, "trained_on_tokens": self.trained_on, "faiss_version": faiss.__version__}
+
+    def __repr__(self) -> str:
+        return (f"TokenCodec({self.name!r}, dim={self.dim}, code_size={self.code_size}, "
+                f"trained={self.trained})")
+
+    # ---- training, parameters ----------------------------------------------------------------------------------
+    def train(self, sample: np.ndarray) -> None:
+        """Fit the codec to ``sample [n, dim]`` (per-dimension ranges, or k-means per sub-space for PQ)."""
+        sample = _float32_rows(sample, self.dim)
+        if len(sample) < self.min_training_tokens:
+            raise ValueError(f"the {self.name} codec needs at least {self.min_training_tokens} token vectors to train, "
+                             f"got {len(sample)}; use sq8 (or no codec) for so small a collection")
+        self._index = self._new_index()
+        if self.name == "pq":
+            wanted = PQ_POINTS_PER_CENTROID * 2 ** PQ_BITS
+            if len(sample) < wanted:
+                logger.warning("training the pq codec on %d token vectors (k-means fits 256 centroids well from "
+                               "%d on): expect a larger reconstruction error", len(sample), wanted)
+            self._index.pq.cp.min_points_per_centroid = 1  # warned above, once, through logging
+        self._index.train(sample)
+        self.trained_on = len(sample)
+
+    def parameters(self) -> np.ndarray:
+        """The trained parameters as flat float32 (what ``codec.bin`` holds)."""
+        import faiss
+
+        self._check_trained()
+        vector = self._index.pq.centroids if self.name == "pq" else self._index.sq.trained
+        return faiss.vector_to_array(vector).astype(CODEC_PARAMETER_DTYPE, copy=False)
+
+    def load_parameters(self, parameters: np.ndarray) -> None:
+        """Restore a trained codec from :meth:`parameters` (e.g. read back from ``codec.bin``)."""
+        import faiss
+
+        parameters = np.ascontiguousarray(parameters, dtype=np.float32).reshape(-1)
+        expected = self._parameter_count()
+        if parameters.size != expected:
+            raise SidecarCorruptError(f"the {self.name} codec of dim {self.dim} has {expected} parameters, "
+                                      f"not {parameters.size}")
+        if not np.isfinite(parameters).all():
+            raise SidecarCorruptError(f"the {self.name} codec's parameters are not all finite")
+        self._index = self._new_index()
+        faiss.copy_array_to_vector(parameters, self._index.pq.centroids if self.name == "pq" else self._index.sq.trained)
+        self._index.is_trained = True
+
+    # ---- encode / decode -------------------------------------------------------------------------------------------
+    def encode(self, vectors: np.ndarray) -> np.ndarray:
+        """``[n, code_size]`` uint8 codes of ``vectors [n, dim]`` (values outside the trained range are clamped)."""
+        self._check_trained()
+        vectors = _float32_rows(vectors, self.dim)
+        if not len(vectors):
+            return np.zeros((0, self.code_size), dtype=CODE_DTYPE)
+        return self._index.sa_encode(vectors)
+
+    def decode(self, codes: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """``[n, dim]`` float32 vectors of ``codes [n, code_size]``, in one faiss call, into ``out`` when given (a
+        preallocated C-contiguous float32 ``[n, dim]`` array) so a batch of reads allocates nothing more."""
+        self._check_trained()
+        codes = np.ascontiguousarray(codes, dtype=CODE_DTYPE)
+        if codes.ndim != 2 or codes.shape[1] != self.code_size:
+            raise ValueError(f"expected codes of shape [n, {self.code_size}], got {codes.shape}")
+        if out is None:
+            out = np.empty((len(codes), self.dim), dtype=np.float32)
+        elif out.shape != (len(codes), self.dim) or out.dtype != np.float32 or not out.flags.c_contiguous:
+            raise ValueError(f"out must be a C-contiguous float32 array of shape {(len(codes), self.dim)}")
+        if len(codes):
+            self._index.sa_decode(codes, out)
+        return out
+
+    # ---- internals -------------------------------------------------------------------------------------------------
+    def _new_index(self):
+        import faiss
+
+        if self.name == "pq":
+            return faiss.IndexPQ(self.dim, self.pq_subquantizers, PQ_BITS)
+        return faiss.IndexScalarQuantizer(self.dim, getattr(faiss.ScalarQuantizer, _SCALAR_TYPES[self.name]))
+
+    def _parameter_count(self) -> int:
+        if self.name == "pq":
+            return self.dim * 2 ** PQ_BITS  # M x 256 centroids of dim/M values
+        return 2 * self.dim  # per-dimension minimum and range
+
+    def _check_trained(self) -> None:
+        if not self.trained:
+            raise RuntimeError(f"the {self.name} codec is not trained yet")
+
+
+def codec_from_manifest(entry: Mapping[str, Any], dim: int, parameters: np.ndarray,
+                        source: str = "manifest.json") -> TokenCodec:
+    """The trained codec a manifest's ``codec`` field and its ``codec.bin`` parameters describe."""
+    options = entry.get("options") or {}
+    try:
+        codec = TokenCodec(str(entry["name"]), dim, pq_subquantizers=options.get("pq_subquantizers"),
+                           sample_tokens=options.get("sample_tokens"))
+    except (KeyError, TypeError, ValueError) as error:
+        raise SidecarCorruptError(f"{source}: field 'codec' does not describe a codec: {error}") from None
+    if codec.code_size != int(entry.get("code_size", -1)):
+        raise SidecarCorruptError(f"{source}: codec {codec.name} of dim {dim} makes {codec.code_size}-byte codes, "
+                                  f"the manifest records {entry.get('code_size')}")
+    codec.load_parameters(parameters)
+    codec.trained_on = int(entry.get("trained_on_tokens", 0))
+    return codec
+
+
+def code_size(name: str, dim: int, pq_subquantizers: int | None = None) -> int:
+    """Bytes per token vector of codec ``name`` at ``dim`` (``2 * dim`` for the float16 identity)."""
+    if not is_compressed(name):
+        return 2 * dim
+    return TokenCodec(name, dim, pq_subquantizers=pq_subquantizers).code_size
+
+
+def _float32_rows(vectors: np.ndarray, dim: int) -> np.ndarray:
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    if vectors.ndim != 2 or vectors.shape[1] != dim:
+        raise ValueError(f"expected vectors of shape [n, {dim}], got {vectors.shape}")
+    return vectors
+
+
+__all__ = ["CODECS", "IDENTITY", "TokenCodec", "codec_from_manifest", "code_size", "default_pq_subquantizers",
+           "is_compressed"]

@@ -1,0 +1,88 @@
+"""Distributed sidecar builds on a Ray cluster: one Ray task per shard (retried when it fails or its worker dies),
+finished shards skipped on a re-run; the driver then assembles the shards (:mod:`.build`, :mod:`.shards`).
+
+Ray is optional: ``pip install 'pyserini-mores[ray]'``. On a real cluster every node needs pyserini-mores installed
+and must see the index, the model and the output directory at the same paths (a shared filesystem).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import TYPE_CHECKING, Callable
+
+from .format import SidecarError
+
+if TYPE_CHECKING:
+    from .build import ShardPlan
+
+logger = logging.getLogger(__name__)
+
+RAY_INSTALL_HINT = "pip install 'pyserini-mores[ray]'"
+
+
+def import_ray():
+    """The ``ray`` module, or an :class:`ImportError` that says how to install it."""
+    try:
+        import ray
+    except ImportError as error:
+        raise ImportError(f"--engine ray needs Ray, which is not installed ({error}); install it with: "
+                          f"{RAY_INSTALL_HINT}") from None
+    return ray
+
+
+def build_shards_on_ray(args: argparse.Namespace, plan: "ShardPlan", *, address: str | None = None,
+                        max_retries: int = 3, cpus_per_task: float = 1.0,
+                        shard_task: Callable[..., str] | None = None) -> list[int]:
+    """Build the shards ``plan.todo`` as parallel Ray tasks; returns the shards built.
+
+    Uses the Ray instance already initialized in this process, else connects to ``address`` (or starts a local
+    instance, shut down at the end). Each task runs ``shard_task(args, shard, path, build_id)`` (default
+    :func:`.build.build_shard`), which loads the model, opens the index and writes one shard directory; Ray retries a
+    task up to ``max_retries`` times, and a retry resumes the shard's ``.partial`` build where the failed attempt
+    committed it.
+
+    Raises:
+        SidecarError: when shards still fail after their retries (the finished ones are kept for a re-run).
+    """
+    ray = import_ray()
+    from tqdm import tqdm
+
+    from .build import build_shard
+
+    if not plan.todo:
+        return []
+    started_here = not ray.is_initialized()
+    if started_here:
+        if address:
+            ray.init(address=address)
+        else:  # a throwaway local instance needs no dashboard
+            ray.init(include_dashboard=False)
+    elif address:
+        logger.warning("Ray is already initialized in this process; ignoring --address %s", address)
+    try:
+        task = ray.remote(shard_task or build_shard).options(
+            num_cpus=cpus_per_task, max_retries=max_retries, retry_exceptions=True, name="sidecar-shard")
+        shard_of = {task.remote(args, shard, str(plan.paths[shard]), plan.build_id): shard for shard in plan.todo}
+        failures: dict[int, BaseException] = {}
+        with tqdm(total=len(shard_of), unit="shard", desc=f"sidecar {plan.output.name} on Ray") as bar:
+            remaining = list(shard_of)
+            while remaining:
+                done, remaining = ray.wait(remaining, num_returns=1)
+                for ref in done:
+                    try:
+                        ray.get(ref)
+                    except Exception as error:  # a RayTaskError wrapping the task's exception, or a lost worker
+                        failures[shard_of[ref]] = error
+                    bar.update(1)
+    finally:
+        if started_here:
+            ray.shutdown()
+    if failures:
+        first_shard, first_error = min(failures.items())
+        reason = str(first_error).strip().splitlines()[-1] if str(first_error).strip() else repr(first_error)
+        others = f" (failed: shards {', '.join(map(str, sorted(failures)))})" if len(failures) > 1 else ""
+        raise SidecarError(
+            f"{len(failures)} of {len(shard_of)} shard tasks failed after {max_retries} retries each{others}; "
+            f"shard {first_shard}: {reason}. The finished shards are kept: run the same command again to build "
+            f"only the missing ones")
+    return list(plan.todo)

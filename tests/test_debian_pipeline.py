@@ -1,0 +1,68 @@
+"""integrations/debian_packages/pipeline.py: the dry run prints every step and checks every command's arguments."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "integrations" / "debian_packages" / "pipeline.py"
+
+
+@pytest.fixture(scope="module")
+def pipeline():
+    spec = importlib.util.spec_from_file_location("debian_pipeline", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["debian_pipeline"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    data = tmp_path / "debian-packages"
+    data.mkdir()
+    (data / "collection.tsv").write_text("1\tsome text\n")
+    for split in ("train", "dev", "test"):
+        (data / f"queries.{split}.tsv").write_text("q1\tsome query\n")
+        (data / f"qrels.{split}.txt").write_text("q1 0 1 1\n")
+    return data
+
+
+def test_dry_run_prints_every_step_in_order_and_their_arguments_parse(pipeline, data_dir, tmp_path, capsys):
+    assert pipeline.main(["--data", str(data_dir), "--work", str(tmp_path / "work"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    steps = [line.split("]")[0].lstrip("[") for line in out.splitlines() if line.startswith("[")]
+    names = [model.name for model in pipeline.MODELS]
+    expected = ["index", "bm25-test", "negatives", "compressor", *(f"train-{name}" for name in names)]
+    for name in names:
+        expected += ([f"sidecar-{name}"] if name != "cross-encoder" else []) + [f"rerank-{name}-test",
+                                                                               f"speed-{name}"]
+    assert steps == expected + ["eval-test"]
+    assert "--recipe mores-debian" in out and "--model-arg n_interaction_blocks=1" in out
+    assert not (tmp_path / "work" / "pipeline.json").exists(), "a dry run must not record anything as done"
+
+
+def test_dry_run_of_one_model_skips_what_it_does_not_need(pipeline, data_dir, tmp_path, capsys):
+    pipeline.main(["--data", str(data_dir), "--work", str(tmp_path / "w"), "--models", "tk", "--splits", "dev",
+                   "test", "--dry-run"])
+    out = capsys.readouterr().out
+    assert "[compressor]" not in out and "[train-cross-encoder]" not in out
+    assert "[rerank-tk-dev]" in out and "[rerank-tk-test]" in out and "--baseline" not in out
+
+
+def test_bad_arguments_and_unknown_recipes_are_caught_without_running(pipeline):
+    command = [sys.executable, "-m", "pyserini_mores.train", "train", "--recipe", "mores-debian", "--output", "x",
+               "--no-such-flag"]
+    with pytest.raises(SystemExit, match=r"\[train-x\] the command's arguments are rejected: .*--no-such-flag"):
+        pipeline.check_arguments("train-x", command)
+    command = [sys.executable, "-m", "pyserini_mores.train", "train", "--recipe", "no-such-recipe", "--output", "x"]
+    with pytest.raises(SystemExit, match=r"\[train-x\] .*no-such-recipe"):
+        pipeline.check_arguments("train-x", command)
+
+
+def test_missing_data_file_is_named(pipeline, data_dir, tmp_path):
+    (data_dir / "qrels.test.txt").unlink()
+    with pytest.raises(SystemExit, match=r"qrels\.test\.txt not found; --data must be the debian-packages folder"):
+        pipeline.main(["--data", str(data_dir), "--work", str(tmp_path / "w"), "--dry-run"])

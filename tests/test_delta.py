@@ -1,0 +1,106 @@
+"""Delta checkpoints: only the tensors that training changed, loaded back on top of the backbone."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from pyserini_mores.models import load_model
+from pyserini_mores.models.delta import DELTA_WEIGHTS_NAME, save_delta
+from pyserini_mores.train.objectives import select_trainable
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def tiny_backbone(tmp_path_factory, tokenizer):
+    """A local HF BERT directory (random weights, 2 layers, 32 wide): a backbone like bert-base-uncased, but tiny."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(1)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=256)
+    path = tmp_path_factory.mktemp("backbone") / "tiny-bert"
+    BertModel(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _trained(model_type, backbone, **config):
+    """A model as training with frozen embeddings leaves it: every other tensor moved."""
+    model = load_model(model_type, str(backbone), **config)
+    select_trainable(model, "all", freeze_embeddings=True)
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(5)
+        for parameter in model.parameters():
+            if parameter.requires_grad:
+                parameter.add_(torch.randn_like(parameter) * 0.05)
+    return model
+
+
+@pytest.mark.parametrize("model_type,config", [("prettr", {"join_layer": 2}), ("mores", {"n_interaction_blocks": 1}),
+                                                ("tk", {}), ("maxsim", {})])
+def test_float32_delta_loads_back_bit_identical_without_embeddings(tmp_path, tiny_backbone, model_type, config):
+    model = _trained(model_type, tiny_backbone, **config)
+    summary = save_delta(model, tmp_path / "delta", dtype=torch.float32)
+    assert summary["tensors"] > 0 and summary["parameters"] < summary["of_parameters"]
+    from safetensors.torch import load_file
+
+    stored = load_file(str(tmp_path / "delta" / DELTA_WEIGHTS_NAME))
+    assert not any("embeddings" in name for name in stored), "frozen embedding tables must not be stored"
+    loaded = load_model(model_type, tmp_path / "delta")
+    for (name, expected), actual in zip(model.state_dict().items(), loaded.state_dict().values()):
+        assert torch.equal(expected, actual), name
+    if model.store_width:
+        assert loaded.store_fingerprint() == model.store_fingerprint()
+
+
+def test_float16_delta_rounds_only_the_stored_tensors(tmp_path, tiny_backbone):
+    model = _trained("prettr", tiny_backbone, join_layer=2)
+    save_delta(model, tmp_path / "delta")
+    loaded = load_model("prettr", tmp_path / "delta")
+    for name, expected in model.state_dict().items():
+        actual = loaded.state_dict()[name]
+        if "embeddings" in name:
+            assert torch.equal(expected, actual), name
+        else:
+            assert torch.equal(expected.half().float(), actual), name
+    # and the same file loads to the same fingerprint in every process (it is what finds the sidecar)
+    assert load_model("prettr", tmp_path / "delta").store_fingerprint() == loaded.store_fingerprint()
+
+
+def test_delta_accepts_config_overrides_that_do_not_change_weights(tmp_path, tiny_backbone):
+    model = _trained("mores", tiny_backbone, n_interaction_blocks=1)
+    save_delta(model, tmp_path / "delta")
+    assert load_model("mores", tmp_path / "delta", reuse="s2").config.reuse == "s2"
+
+
+def test_delta_from_another_backbone_is_refused_with_the_tensor_named(tmp_path, tiny_backbone):
+    model = _trained("prettr", tiny_backbone, join_layer=2)
+    save_delta(model, tmp_path / "delta")
+    config_path = tmp_path / "delta" / "config.json"
+    config = json.loads(config_path.read_text())
+    config["backbone"] = "minilm"  # 384 wide, 6 layers: the stored 32-wide tensors cannot fit
+    config.pop("encoder")
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"tensor '.*' .* does not fit the model rebuilt from 'minilm'"):
+        load_model("prettr", tmp_path / "delta")
+
+
+def test_model_without_backbone_cannot_be_saved_as_delta(tmp_path, tiny_maxsim_dir):
+    model = load_model("maxsim", tiny_maxsim_dir)  # built from a config, not from a backbone
+    with pytest.raises(ValueError, match="no backbone to rebuild it from"):
+        save_delta(model, tmp_path / "delta")
+
+
+def test_export_delta_command(tmp_path, tiny_backbone, capsys):
+    from pyserini_mores.train.__main__ import main
+
+    model = _trained("tk", tiny_backbone)
+    model.save_pretrained(tmp_path / "full")
+    main(["export-delta", "--model-type", "tk", "--model", str(tmp_path / "full"), "--output", str(tmp_path / "d")])
+    assert "tensors" in capsys.readouterr().out
+    loaded = load_model("tk", tmp_path / "d")
+    assert loaded.store_fingerprint() == load_model("tk", tmp_path / "d").store_fingerprint()
+    assert (tmp_path / "d" / DELTA_WEIGHTS_NAME).stat().st_size < (tmp_path / "full" / "model.safetensors").stat().st_size
