@@ -165,7 +165,7 @@ docid_characters = st.characters(blacklist_categories=("Cs",), blacklist_charact
 MODEL = {"model_type": "maxsim", "store_variant": "default", "fingerprint": "0f" * 32}
 
 
-@settings(max_examples=40, deadline=None, database=None,
+@settings(max_examples=30, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.data_too_large])
 @given(contents=sidecar_contents(), commit_every=st.integers(1, 4))

@@ -348,18 +348,26 @@ def _encode_window(model, texts: list[str], batch_size: int):
     for start in range(0, len(order), batch_size):
         chunk = order[start:start + batch_size]
         batch = model.tokenize_documents([texts[i] for i in chunk])
-        truncated[chunk] = _truncated(model, batch, len(chunk))
+        truncated[chunk] = _truncated(model, [texts[i] for i in chunk], batch)
         for i, rep in zip(chunk, model.encode_documents(batch)):
             reps[i] = rep
     return reps, truncated
 
 
-def _truncated(model, batch, size: int) -> np.ndarray:
-    """``[size]`` bool: documents that reached the length cap (their tail was cut)."""
+def _truncated(model, texts: list[str], batch) -> np.ndarray:
+    """``[len(texts)]`` bool: documents that lost tokens to the length cap. Judged by tokenizing again with a cap no
+    document reaches, because a mask that exactly fills the cap is not a cut, and models whose stored layout drops
+    special tokens (PreTTR) never fill it."""
     mask = batch.get("attention_mask")
     if mask is None:
-        return np.zeros(size, dtype=bool)
-    return (mask.sum(1) >= model.config.doc_max_length).numpy()
+        return np.zeros(len(texts), dtype=bool)
+    cap = model.config.doc_max_length
+    try:
+        model.config.doc_max_length = 1_000_000
+        whole = model.tokenize_documents(texts)["attention_mask"].sum(1)
+    finally:
+        model.config.doc_max_length = cap
+    return (whole > mask.sum(1)).numpy()
 
 
 def _chunks(items: Iterable, size: int) -> Iterator[list]:
