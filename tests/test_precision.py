@@ -57,6 +57,18 @@ def _model(kind: str, dims, tokenizer):
         return _spread_weights(PreTTRModel(PreTTRConfig(encoder=dims, join_layer=dims.num_hidden_layers - 1,
                                                         compression_dim=compression, query_max_length=12,
                                                         doc_max_length=64), tokenizer))
+    if kind == "tk":
+        from pyserini_mores.models.tk import TKConfig, TKModel
+
+        model = TKModel(TKConfig(embedding_dim=dims.hidden_size, vocab_size=len(tokenizer), num_layers=2, num_heads=4,
+                                 head_dim=8, ffn_dim=16, doc_max_length=64), tokenizer).eval()
+        with torch.no_grad():  # the paper's init gives scores of ~1e-3: spread the scoring weights
+            model.mixer.fill_(0.3)
+            model.pooled_scale.fill_(1.0)
+            model.log_weights.weight.uniform_(-1, 1)
+            model.len_weights.weight.uniform_(-1, 1)
+            model.combine.weight.copy_(torch.tensor([[0.7, 1.3]]))
+        return model
     if kind == "cross-encoder":
         from pyserini_mores.models.cross_encoder import CrossEncoder, CrossEncoderConfig
 
@@ -112,6 +124,15 @@ def test_bf16_copy_casts_weights_keeps_layernorm_fp32_and_leaves_the_model_alone
     assert copy.tokenizer is model.tokenizer
 
 
+def test_tk_keeps_its_fp32_kernel_head_in_fp32(tiny_dims, tokenizer):
+    model = _model("tk", tiny_dims, tokenizer)
+    copy = bf16_scoring_copy(model)
+    kept = {name for name, parameter in copy.named_parameters() if parameter.dtype == torch.float32}
+    # TK runs kernel pooling and its final linears with autocast disabled, on purpose (models/tk.py)
+    assert {"log_weights.weight", "len_weights.weight", "combine.weight", "pooled_scale"} <= kept
+    assert copy.embeddings.weight.dtype == torch.bfloat16 and "mixer" not in kept
+
+
 def test_the_copy_is_made_once_and_only_for_bf16(tiny_dims, tokenizer):
     model = _model("mores-s2", tiny_dims, tokenizer)
     assert ModelReranker(model, precision="fp32").scoring_model is model
@@ -137,7 +158,7 @@ def test_the_copy_follows_weight_changes(tiny_dims, tokenizer, tiny_documents):
 
 
 # ---- scores ------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("kind", ["mores-s2", "prettr", "prettr-e16", "cross-encoder"])
+@pytest.mark.parametrize("kind", ["mores-s2", "prettr", "prettr-e16", "tk", "cross-encoder"])
 def test_bf16_weights_score_and_rank_like_fp32(tmp_path, tiny_dims, tokenizer, tiny_documents, kind):
     texts = [doc["contents"] for doc in tiny_documents]
     model = _model(kind, tiny_dims, tokenizer)

@@ -20,6 +20,9 @@ logger = logging.getLogger(__name__)
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
 DEFAULT_MODEL = "minilm"
+# Parameters (name prefixes) a model uses in fp32 on purpose, with autocast disabled (TK's kernel pooling and its
+# final linears, see models/tk.py): they stay fp32 in the bf16 scoring copy, or those steps would meet bf16 weights.
+FP32_PARAMETERS = {"tk": ("log_weights.", "len_weights.", "combine.", "pooled_scale")}
 
 
 class ModelReranker(Reranker):
@@ -165,23 +168,26 @@ class ModelReranker(Reranker):
 
 
 def bf16_scoring_copy(model: RankingModel) -> RankingModel:
-    """An inference copy of ``model`` with every floating parameter in bfloat16 except LayerNorm's γ and β.
+    """An inference copy of ``model`` with every floating parameter in bfloat16 except LayerNorm's γ and β and
+    the parameters of the model's deliberate fp32 steps (:data:`FP32_PARAMETERS`).
 
     Close to what CPU autocast computes, without its per-call weight casts: matmuls and attention run in bf16 as
     under autocast; LayerNorm keeps autocast's fp32 γ and β and normalises in fp32 (the CPU kernel accumulates bf16
     input in fp32); the models' explicit fp32 steps stay fp32. What differs: the embedding tables are bf16 too, and
     the residual stream stays bf16 where autocast promotes ``x + f(x)`` to fp32, which halves the activation traffic
-    between layers. LayerNorm parameters and the tokenizer are shared, buffers copied; ``model`` is not modified.
+    between layers. Parameters kept fp32 and the tokenizer are shared, buffers copied; ``model`` is not modified.
     """
     from torch import nn
 
-    norm_parameters = {id(parameter) for module in model.modules() if isinstance(module, nn.LayerNorm)
-                       for parameter in module.parameters(recurse=False)}
+    fp32_prefixes = FP32_PARAMETERS.get(model.model_type, ())
+    keep = {id(parameter) for module in model.modules() if isinstance(module, nn.LayerNorm)
+            for parameter in module.parameters(recurse=False)}
+    keep |= {id(parameter) for name, parameter in model.named_parameters() if name.startswith(fp32_prefixes)}
     # deepcopy takes objects already in its memo as they are: pre-seeding it with the cast parameters builds the
     # copy without a transient second fp32 model, and shares what must not be copied.
     memo: dict[int, Any] = {id(model.tokenizer): model.tokenizer}
     for parameter in model.parameters():
-        if id(parameter) in norm_parameters or not parameter.is_floating_point():
+        if id(parameter) in keep or not parameter.is_floating_point():
             memo[id(parameter)] = parameter
         else:
             memo[id(parameter)] = nn.Parameter(parameter.detach().to(torch.bfloat16), requires_grad=False)
