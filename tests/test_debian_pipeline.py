@@ -34,14 +34,31 @@ def test_dry_run_prints_every_step_in_order_and_their_arguments_parse(pipeline, 
     assert pipeline.main(["--data", str(data_dir), "--work", str(tmp_path / "work"), "--dry-run"]) == 0
     out = capsys.readouterr().out
     steps = [line.split("]")[0].lstrip("[") for line in out.splitlines() if line.startswith("[")]
-    names = [model.name for model in pipeline.MODELS]
-    expected = ["index", "bm25-test", "negatives", "compressor", *(f"train-{name}" for name in names)]
-    for name in names:
-        expected += ([f"sidecar-{name}"] if name != "cross-encoder" else []) + [f"rerank-{name}-test",
-                                                                               f"speed-{name}"]
+    expected = ["index", "bm25-test", "negatives"]
+    for model in pipeline.MODELS:  # a starting point's sidecar is built before, every other sidecar after training
+        expected += (["compressor"] if model.needs_compressor else []) + (
+            [f"sidecar-{model.name}"] if model.sidecar_first else []) + [f"train-{model.name}"]
+    for model in pipeline.MODELS:
+        expected += ([f"sidecar-{model.name}"] if model.stores and not model.sidecar_first else []) + [
+            f"rerank-{model.name}-test", f"speed-{model.name}"]
     assert steps == expected + ["eval-test"]
     assert "--recipe mores-debian" in out and "--model-arg n_interaction_blocks=1" in out
+    # MORES trains against the S1 sidecar of MiniLM, built first with the recipe's model arguments
+    assert ("[sidecar-mores-2ib] $ " + f"{sys.executable} -m pyserini_mores.sidecar build --index "
+            f"{tmp_path / 'work' / 'index'} --reranker mores --model minilm --model-arg n_interaction_blocks=2") in out
+    assert "--model-arg reuse=s1 --precision bf16" in out
+    # PreTTR starts from the trained cross-encoder, and so does its compressor's pre-training
+    cross_encoder = tmp_path / "work" / "models" / "cross-encoder"
+    assert f"--recipe prettr-debian --triples" in out and f"--init {cross_encoder}" in out
+    assert f"--recipe prettr-compressor-debian --texts {data_dir / 'collection.tsv'}" in out
     assert not (tmp_path / "work" / "pipeline.json").exists(), "a dry run must not record anything as done"
+
+
+def test_a_model_that_starts_from_another_brings_it_along(pipeline, data_dir, tmp_path, capsys):
+    pipeline.main(["--data", str(data_dir), "--work", str(tmp_path / "w"), "--models", "prettr-l4", "--dry-run"])
+    out = capsys.readouterr().out
+    assert "also training cross-encoder: prettr-l4 start from it" in out
+    assert out.index("[train-cross-encoder]") < out.index("[train-prettr-l4]") < out.index("[sidecar-prettr-l4]")
 
 
 def test_dry_run_of_one_model_skips_what_it_does_not_need(pipeline, data_dir, tmp_path, capsys):

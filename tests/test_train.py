@@ -279,15 +279,31 @@ def test_dev_evaluator_reranks_bm25_candidates_of_the_dev_index(tiny_index, init
 
 
 def test_train_cli_with_recipe_and_bm25_dev_evaluation(tiny_index, init_dirs, triples_path, tmp_path, capsys):
+    import shlex
+    import shutil
+
+    from pyserini_mores.sidecar.__main__ import main as sidecar_main
+
     output = tmp_path / "model"
-    main(["train", "--recipe", "mores-debian", "--init", str(init_dirs("mores")), "--triples", str(triples_path),
-          "--output", str(output), "--max-steps", "4", "--batch-size", "6", "--warmup-steps", "1",
-          "--no-bf16", "--eval-every", "2", "--dev-topics", str(TOPICS), "--dev-qrels", str(QRELS),
-          "--dev-index", str(tiny_index), "--dev-depth", "10", "--quiet"])
+    command = ["train", "--recipe", "mores-debian", "--init", str(init_dirs("mores")), "--triples",
+               str(triples_path), "--output", str(output), "--max-steps", "4", "--batch-size", "6",
+               "--warmup-steps", "1", "--no-bf16", "--eval-every", "2", "--dev-topics", str(TOPICS), "--dev-qrels",
+               str(QRELS), "--dev-index", str(tiny_index), "--dev-depth", "10", "--quiet"]
+    # the recipe trains against the S1 sidecar beside the index: without it, the error gives the build command
+    with pytest.raises(SystemExit, match="no sidecar of this mores model beside the index") as refused:
+        main(command)
+    build = shlex.split(str(refused.value).split("build it first: ")[1])
+    assert build[:4] == ["python", "-m", "pyserini_mores.sidecar", "build"] and "reuse=s1" in build
+    assert sidecar_main(build[3:]) == 0
+    try:
+        main(command)
+    finally:
+        shutil.rmtree(next(Path(f"{tiny_index}.sidecars").glob("mores-s1-*")))  # the tiny index is shared
     printed = capsys.readouterr().out
     assert "best dev MRR@10" in printed
     args = json.loads((output / "training_args.json").read_text())
-    assert (args["max_steps"], args["lr"], args["model_args"]["n_interaction_blocks"]) == (4, 3e-5, 2)
+    assert (args["max_steps"], args["lr"], args["model_args"]["n_interaction_blocks"]) == (4, 1e-4, 2)
+    assert args["doc_sidecar"] == "default"
     assert load_model("mores", output).score_texts("text editor", ["vim", "python"]).shape == (2,)
 
 

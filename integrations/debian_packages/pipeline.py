@@ -39,16 +39,20 @@ class Model:
     rerank_args: tuple[str, ...] = ()
     needs_compressor: bool = False
     stores: bool = True  # False: reranks from text (no sidecar)
+    init_from: str | None = None  # another row whose trained checkpoint is this one's --init (trained first)
+    # True: the sidecar is built from the starting model before training, and training reads it (--doc-sidecar
+    # default, so only what runs online trains); the trained model then reranks from that same sidecar.
+    sidecar_first: bool = False
 
 
 MODELS = (
     Model("cross-encoder", "cross-encoder", "cross-encoder-debian", stores=False),
-    Model("mores-2ib", "mores", "mores-debian", rerank_args=("--model-arg", "reuse=s2")),
+    Model("mores-2ib", "mores", "mores-debian", rerank_args=("--model-arg", "reuse=s1"), sidecar_first=True),
     Model("mores-1ib", "mores", "mores-debian", ("--model-arg", "n_interaction_blocks=1"),
-          ("--model-arg", "reuse=s2")),
-    Model("prettr-l5", "prettr", "prettr-debian"),
-    Model("prettr-l5-e128", "prettr", "prettr-debian", ("--model-arg", "compression_dim=128"),
-          needs_compressor=True),
+          ("--model-arg", "reuse=s1"), sidecar_first=True),
+    Model("prettr-l4", "prettr", "prettr-debian", init_from="cross-encoder"),
+    Model("prettr-l4-e128", "prettr", "prettr-debian", ("--model-arg", "compression_dim=128"),
+          needs_compressor=True, init_from="cross-encoder"),
     Model("tk", "tk", "tk-debian"),
     Model("maxsim", "maxsim", "maxsim-debian"),  # not from the papers: the embedded default's reranker
 )
@@ -137,11 +141,11 @@ class Pipeline:
                                "--negatives-per-query", "1", "--depth", "50", "--threads", "2",
                                "--output", self.work / "triples.train.tsv"], done=self.work / "triples.train.tsv")
 
-    def pretrain_compressor(self) -> None:
+    def pretrain_compressor(self, start: str | None) -> None:
         output = self.model_dir("prettr-compressor")
         self.run("compressor", [*PY, "pyserini_mores.train", "pretrain-compressor",
                                 "--recipe", "prettr-compressor-debian", "--texts", self.data / "collection.tsv",
-                                "--output", output],
+                                "--output", output, *(["--init", self.model_dir(start)] if start else [])],
                  done=output / "compressor_pretraining.json", seconds_from=_summary_seconds)
 
     def train(self, model: Model) -> None:
@@ -152,6 +156,8 @@ class Pipeline:
                    "--dev-index", self.index, *model.train_args, "--resume"]
         if model.needs_compressor:
             command += ["--init", self.model_dir("prettr-compressor")]
+        elif model.init_from:
+            command += ["--init", self.model_dir(model.init_from)]
         if self.max_steps:
             command += ["--max-steps", str(self.max_steps)]
         self.run(f"train-{model.name}", command, done=output / "training_summary.json",
@@ -161,9 +167,25 @@ class Pipeline:
         return ["--reranker", model.reranker, "--model", self.model_dir(model.name), *model.rerank_args]
 
     def build_sidecar(self, model: Model) -> None:
-        if model.stores:
+        if model.stores and not model.sidecar_first:
             self.run(f"sidecar-{model.name}", [*PY, "pyserini_mores.sidecar", "build", "--index", self.index,
                                                *self.model_args(model), "--precision", "bf16"])
+
+    def build_sidecar_of_start(self, model: Model) -> None:
+        """The sidecar a ``sidecar_first`` row trains against: its starting model with the recipe's model arguments
+        (what the stored vectors depend on), written where ``--doc-sidecar default`` and the search look for it."""
+        from pyserini_mores.train.recipes import read_recipe
+
+        settings = read_recipe(model.recipe)["settings"]
+        start = (self.model_dir("prettr-compressor") if model.needs_compressor else
+                 self.model_dir(model.init_from) if model.init_from else settings["init"])
+        arguments = [f"{key}={value}" for key, value in settings.get("model_args", {}).items()]
+        arguments += [value for flag, value in zip(model.train_args[::2], model.train_args[1::2])
+                      if flag == "--model-arg"]
+        self.run(f"sidecar-{model.name}", [*PY, "pyserini_mores.sidecar", "build", "--index", self.index,
+                                           "--reranker", model.reranker, "--model", start,
+                                           *(part for argument in arguments for part in ("--model-arg", argument)),
+                                           "--precision", "bf16"])
 
     def rerank(self, model: Model, split: str) -> None:
         self.run(f"rerank-{model.name}-{split}", [
@@ -270,6 +292,18 @@ def check_arguments(step: str, command: list) -> None:
             raise SystemExit(f"[{step}] {error}") from None
 
 
+def with_prerequisites(models: list[Model]) -> list[Model]:
+    """``models`` plus every row one of them starts from (``init_from``), in :data:`MODELS` order so that a
+    starting point is trained before the models that need it."""
+    names = {m.name for m in models}
+    names |= {m.init_from for m in models if m.init_from}
+    added = sorted(names - {m.name for m in models})
+    if added:
+        print(f"also training {', '.join(added)}: {', '.join(m.name for m in models if m.init_from in added)} "
+              "start from it")
+    return [m for m in MODELS if m.name in names]
+
+
 def _summary_seconds(summary: Path) -> float:
     return float(json.loads(summary.read_text()).get("seconds", 0.0))
 
@@ -292,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
             (("queries", "tsv"), ("qrels", "txt")))):
         if not (Path(args.data) / name).is_file():
             raise SystemExit(f"error: {Path(args.data) / name} not found; --data must be the debian-packages folder")
-    models = [m for m in MODELS if m.name in args.models]
+    models = with_prerequisites([m for m in MODELS if m.name in args.models])
     pipeline = Pipeline(Path(args.data).resolve(), Path(args.work).resolve(), models, args.splits, args.depth,
                         args.speed_queries, args.max_steps, args.dry_run)
     (pipeline.work / "runs").mkdir(parents=True, exist_ok=True)
@@ -301,9 +335,11 @@ def main(argv: list[str] | None = None) -> int:
     pipeline.build_index()
     pipeline.bm25_runs()
     pipeline.mine_negatives()
-    if any(m.needs_compressor for m in models):
-        pipeline.pretrain_compressor()
     for model in models:
+        if model.needs_compressor:
+            pipeline.pretrain_compressor(model.init_from)
+        if model.sidecar_first:
+            pipeline.build_sidecar_of_start(model)
         pipeline.train(model)
     for model in models:
         pipeline.build_sidecar(model)

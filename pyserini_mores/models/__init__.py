@@ -8,10 +8,12 @@ from pathlib import Path
 
 import torch
 
-from .backbones import OFFLINE_MINILM_NAMES
+from .backbones import OFFLINE_MINILM_NAMES, trained_cross_encoder
 from .base import RankingConfig, RankingModel, pad_documents
 
 INIT_SEED = 0
+#: model types whose encoder (and [CLS] head) can start from a trained cross-encoder checkpoint (``--init CE_DIR``)
+RANKER_INITIALISED = ("mores", "prettr")
 #: trained models shipped inside the package (as deltas over the bundled MiniLM), loadable by directory name
 SHIPPED_MODELS_DIR = Path(__file__).resolve().parents[1] / "resources" / "models"
 
@@ -58,7 +60,8 @@ def load_model(model_type: str, name_or_path: str | os.PathLike, **overrides) ->
 
             model = (load_delta(cls, name_or_path, **overrides) if is_delta_checkpoint(name_or_path)
                      else cls.from_pretrained(name_or_path, **overrides))
-        elif values.get("model_type") in MODEL_CLASSES:
+        elif values.get("model_type") in MODEL_CLASSES and not (
+                values["model_type"] == "cross-encoder" and model_type in RANKER_INITIALISED):
             raise ValueError(
                 f"{name_or_path} holds a '{values['model_type']}' checkpoint, not a '{model_type}' one"
             )
@@ -68,9 +71,23 @@ def load_model(model_type: str, name_or_path: str | os.PathLike, **overrides) ->
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(INIT_SEED)
             model = cls.from_backbone(str(name_or_path), **overrides)
+            _copy_ranker_head(model, name_or_path)
     # Remembered so that commands can tell the user how to rebuild what this model needs (e.g. its sidecar).
     model.source, model.source_overrides = str(name_or_path), dict(overrides)
     return model
+
+
+def _copy_ranker_head(model: RankingModel, name_or_path: str | os.PathLike) -> None:
+    """Start ``model``'s [CLS] head from a trained cross-encoder's when it was initialised from one: the blocks that
+    produce the pooled [CLS] are that cross-encoder's top layers, so its decision function is the best known start."""
+    ranker = trained_cross_encoder(name_or_path)
+    head = getattr(model, "ranking_head", None)
+    if ranker is None or head is None:
+        return
+    if head.weight.shape != ranker.head.weight.shape:
+        raise ValueError(f"{name_or_path}: the cross-encoder's head is {tuple(ranker.head.weight.shape)}, "
+                         f"this {model.model_type} head is {tuple(head.weight.shape)} (set num_labels to match)")
+    head.load_state_dict(ranker.head.state_dict())
 
 
 def shipped_model_path(name: str | os.PathLike) -> Path | None:

@@ -36,7 +36,8 @@ def resolve_backbone(name_or_path: str | os.PathLike) -> str:
 
 
 def load_backbone(name_or_path: str | os.PathLike):
-    """``(BertDims, state_dict, tokenizer)`` of a BERT-architecture checkpoint.
+    """``(BertDims, state_dict, tokenizer)`` of a BERT-architecture checkpoint, or of the encoder of one of our
+    trained cross-encoder checkpoints (see :func:`trained_cross_encoder`).
 
     Raises:
         BackboneNotFoundError: when the name is not a directory and the hub cannot provide it (e.g. offline).
@@ -45,6 +46,9 @@ def load_backbone(name_or_path: str | os.PathLike):
 
     from ._layers import BertDims
 
+    ranker = trained_cross_encoder(name_or_path)
+    if ranker is not None:
+        return ranker.config.encoder, ranker.encoder.state_dict(), ranker.tokenizer
     source = resolve_backbone(name_or_path)
     try:
         hf_config = AutoConfig.from_pretrained(source)
@@ -62,3 +66,22 @@ def load_backbone(name_or_path: str | os.PathLike):
             "only BERT-architecture checkpoints (BERT, MiniLM, ...) are supported"
         )
     return BertDims.from_hf_config(hf_config), model.state_dict(), tokenizer
+
+
+def trained_cross_encoder(name_or_path: str | os.PathLike):
+    """The :class:`~.cross_encoder.CrossEncoder` saved at ``name_or_path``, or ``None`` when it is not one.
+
+    A BERT already fine-tuned for ranking is a backbone like any other, and a far better start for the models that
+    split it (MORES, PreTTR) when training data is small: they begin from a ranker instead of a sentence encoder.
+    """
+    import json
+
+    config_path = Path(name_or_path) / "config.json"
+    if not config_path.is_file():
+        return None
+    values = json.loads(config_path.read_text())
+    if values.get("model_type") != "cross-encoder" or "architectures" in values:
+        return None
+    from . import load_model
+
+    return load_model("cross-encoder", name_or_path)

@@ -301,6 +301,11 @@ class MoresModel(RankingModel):
             else:
                 block.cross_attention.apply(_init_bert_weights)
 
+    @property
+    def ranking_head(self) -> nn.Linear:
+        """The head on the last block's [CLS] (what a trained cross-encoder's head initialises; see load_model)."""
+        return self.interaction_module.head
+
     # ---- what the sidecar stores ------------------------------------------------------------------------------
     @property
     def store_width(self) -> int:

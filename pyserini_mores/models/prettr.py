@@ -219,6 +219,11 @@ class PreTTRModel(RankingModel):
         """``Qb``: the fixed query block length, and the position of the first document token."""
         return self.config.query_max_length
 
+    @property
+    def ranking_head(self) -> nn.Linear:
+        """The head on the joined [CLS] (a trained cross-encoder's head loads into it; see load_model)."""
+        return self.head
+
     # ---- what the sidecar stores --------------------------------------------------------------------------------
     @property
     def store_width(self) -> int:

@@ -70,6 +70,14 @@ def define_train_args(parser: argparse.ArgumentParser) -> None:
                      help="MORES adapt-interaction / adapt-representation: train only those modules")
     opt.add_argument("--freeze-embeddings", action=argparse.BooleanOptionalAction, default=S,
                      help="keep the embedding tables frozen (the trained model then ships as a small delta)")
+    opt.add_argument("--doc-sidecar", default=S, metavar="SIDECAR",
+                     help="train only what runs online, reading documents from this sidecar of the model instead "
+                          "of encoding them (every parameter the sidecar depends on is frozen, so it stays valid "
+                          "for the trained model; MORES: --model-arg reuse=s1 for an S1 sidecar); 'default': the "
+                          "sidecar 'sidecar build' writes beside --doc-index for the --init model")
+    opt.add_argument("--doc-index", default=S, metavar="INDEX",
+                     help="the index --doc-sidecar was built from (its stored texts match the triples to rows; "
+                          "default --dev-index)")
     opt.add_argument("--max-steps", type=int, default=S, help="optimiser steps (overrides --epochs)")
     opt.add_argument("--epochs", type=float, default=S, help="passes over the triples (default 1)")
     opt.add_argument("--batch-size", type=int, default=S,

@@ -102,6 +102,14 @@ def load_groups(path: PathLike, negatives_per_group: int = 1, max_triples: int |
 # ---------------------------------------------------------------------------------------------------- batching
 
 
+def batch_group_size(groups: Sequence[TrainingGroup]) -> int:
+    """``1 + k``, the pairs per group of a batch whose groups must all have ``k`` negatives."""
+    sizes = {len(group.negatives) for group in groups}
+    if len(sizes) != 1:
+        raise ValueError(f"groups in one batch must have the same number of negatives, got {sorted(sizes)}")
+    return 1 + sizes.pop()
+
+
 class GroupCollator:
     """Tokenizes a list of :class:`TrainingGroup` into one flat batch of ``G·(1+k)`` aligned (query, document) pairs,
     each group's positive first, with the tokenizers of ``model`` (so PreTTR, TK etc. get their own layouts).
@@ -115,10 +123,7 @@ class GroupCollator:
     def __call__(self, groups: Sequence[TrainingGroup]) -> dict:
         import torch
 
-        sizes = {len(group.negatives) for group in groups}
-        if len(sizes) != 1:
-            raise ValueError(f"groups in one batch must have the same number of negatives, got {sorted(sizes)}")
-        group_size = 1 + sizes.pop()
+        group_size = batch_group_size(groups)
         queries, documents, labels = [], [], []
         for group in groups:
             queries.extend([group.query] * group_size)

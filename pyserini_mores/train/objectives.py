@@ -12,7 +12,7 @@ from typing import Iterable, Sequence
 import torch
 from torch import nn
 
-from ..models.losses import listwise_softmax_cross_entropy, pairwise_hinge, pointwise_cross_entropy
+from ..models.losses import listwise_softmax_cross_entropy, pairwise_hinge, pointwise_cross_entropy, ranking_scores
 from ._choices import LOSSES, TRAIN_MODULES
 
 #: model type → parameter-name prefixes of the newly initialised score head (``head_lr`` applies to them)
@@ -40,12 +40,21 @@ def ranking_loss(model: nn.Module, batch: dict, loss: str = "pointwise", margin:
       softmax loss ``−log softmax([s⁺, s⁻])[0]``.
     """
     query_batch, doc_batch = batch["query_batch"], batch["doc_batch"]
+    forward_logits = getattr(model, "forward_logits", None)
+    if loss == "pointwise" and forward_logits is not None:
+        outputs = forward_logits(query_batch, doc_batch)
+    else:
+        outputs = model(query_batch, doc_batch)
+    return loss_of_outputs(outputs, batch["labels"], batch["group_size"], loss, margin)
+
+
+def loss_of_outputs(outputs: torch.Tensor, labels: torch.Tensor, group_size: int, loss: str = "pointwise",
+                    margin: float = 1.0) -> torch.Tensor:
+    """The loss of ``outputs`` — ``[B, 2]`` head logits or ``[B]`` ranking scores of ``B = G·(1+k)`` pairs, each
+    group's positive first — whichever way they were computed (from text, or from stored documents)."""
     if loss == "pointwise":
-        forward_logits = getattr(model, "forward_logits", None)
-        outputs = (forward_logits(query_batch, doc_batch) if forward_logits is not None
-                   else model(query_batch, doc_batch))
-        return pointwise_cross_entropy(outputs, batch["labels"].to(outputs.device))
-    scores = model(query_batch, doc_batch).view(-1, batch["group_size"])
+        return pointwise_cross_entropy(outputs, labels.to(outputs.device))
+    scores = (ranking_scores(outputs) if outputs.dim() == 2 else outputs).view(-1, group_size)
     if loss == "pairwise":
         return pairwise_hinge(scores[:, 0], scores[:, 1:], margin=margin)
     if loss == "listwise":
@@ -171,5 +180,5 @@ def count_parameters(parameters: Iterable[nn.Parameter]) -> int:
     return sum(parameter.numel() for parameter in parameters)
 
 
-__all__ = ["LOSSES", "TRAIN_MODULES", "ranking_loss", "RankingObjective", "batch_to_device", "mean_loss",
-           "select_trainable", "parameter_groups", "count_parameters"]
+__all__ = ["LOSSES", "TRAIN_MODULES", "ranking_loss", "loss_of_outputs", "RankingObjective", "batch_to_device",
+           "mean_loss", "select_trainable", "parameter_groups", "count_parameters"]

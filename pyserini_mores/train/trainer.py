@@ -59,7 +59,8 @@ DEFAULT_LOSSES = {"mores": "pointwise", "cross-encoder": "pointwise", "prettr": 
 #: settings that change the trajectory of a run; --resume refuses to continue with different values
 RESUME_MUST_MATCH = ("model_type", "init", "triples", "loss", "model_args", "train_modules", "batch_size",
                      "grad_accum", "lr", "head_lr", "weight_decay", "warmup_steps", "scheduler", "margin",
-                     "negatives_per_example", "max_triples", "seed", "bf16", "max_grad_norm", "freeze_embeddings")
+                     "negatives_per_example", "max_triples", "seed", "bf16", "max_grad_norm", "freeze_embeddings",
+                     "doc_sidecar")
 
 
 @dataclass
@@ -89,6 +90,8 @@ class TrainingSettings:
             and ``dev_index`` or ``dev_run``); the best model by ``MRR@10`` becomes the output. 0/None: off.
         early_stopping_patience: stop after this many evaluations without improvement. 0/None: never.
         device: ``cpu``, ``cuda``, ``cuda:1``…; ``None`` = CUDA when available, else CPU.
+        doc_sidecar: train against this sidecar (see :mod:`.stored`): documents are read, not encoded, and every
+            parameter they depend on is frozen; ``doc_index`` (default ``dev_index``) is the index it was built from.
     """
 
     model_type: str
@@ -128,6 +131,8 @@ class TrainingSettings:
     early_stopping_patience: int | None = None
     threads: int = 1
     device: str | None = None
+    doc_sidecar: str | None = None
+    doc_index: str | None = None
 
     def __post_init__(self):
         # 0 switches a recipe's dev evaluation / early stopping off from the command line
@@ -159,6 +164,8 @@ class TrainingSettings:
                              "equal micro-batches")
         if self.early_stopping_patience is not None and self.eval_every is None:
             raise ValueError("early_stopping_patience needs eval_every (and dev data)")
+        if self.doc_sidecar is not None and (self.doc_index or self.dev_index) is None:
+            raise ValueError("doc_sidecar needs doc_index (or dev_index): the index the sidecar was built from")
 
     def check_dev_data(self) -> None:
         """Raise ``ValueError`` when dev evaluation is asked for without the data it needs."""
@@ -416,6 +423,13 @@ def train(
     device = torch.device(settings.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model.to(device)
     trainable = select_trainable(model, settings.train_modules, settings.freeze_embeddings)
+    if settings.doc_sidecar is not None:
+        from .stored import freeze_store_parameters
+
+        frozen = set(freeze_store_parameters(model))
+        trainable = [name for name in trainable if name not in frozen]
+        if not trainable:
+            raise ValueError("no trainable parameters left: everything trainable is stored in the sidecar")
     groups_for_optimizer = parameter_groups(model, settings.lr, settings.head_lr, settings.weight_decay)
     optimizer = torch.optim.AdamW(groups_for_optimizer, lr=settings.lr, weight_decay=settings.weight_decay)
     scheduler = _make_scheduler(optimizer, settings.scheduler, settings.warmup_steps, total_steps)
@@ -432,8 +446,16 @@ def train(
 
     if evaluator is None and settings.eval_every is not None:
         evaluator = _build_evaluator(settings)
-    collate = GroupCollator(model)
-    objective = RankingObjective(model, settings.loss, settings.margin)
+    if settings.doc_sidecar is not None:
+        from .stored import StoredGroupCollator, StoredRankingObjective, open_stored_documents
+
+        documents = open_stored_documents(model, settings.doc_sidecar, settings.doc_index or settings.dev_index)
+        documents.check_groups(groups)
+        collate = StoredGroupCollator(model, documents)
+        objective = StoredRankingObjective(model, settings.loss, settings.margin)
+    else:
+        collate = GroupCollator(model)
+        objective = RankingObjective(model, settings.loss, settings.margin)
     order = _EpochOrder(len(groups), settings.seed)
     micro_groups = settings.groups_per_step // settings.grad_accum
     resumed_from = state.global_step if checkpoint is not None else None

@@ -1,0 +1,175 @@
+"""Training the online part of a model against its sidecar: the document side is read, not encoded.
+
+Everything a sidecar stores depends only on the model's *store parameters* (MORES: the document module, plus the
+key/value projections under Reuse-S2; PreTTR: the embeddings, layers ``1..l`` and the compressing half). Hold those
+fixed and the sidecar stays exact for the model being trained, so a training step needs no document encoder at all:
+it reads each document's stored rows and runs only what runs online at search time — the query side and the
+per-pair blocks — through the very ``encode_query``/``score`` the reranker uses. For MORES this is the paper's
+*adapt-interaction* (representation modules frozen), made as cheap per pair as reranking (tens of times cheaper than
+encoding the document every step); and because the store parameters never change, the trained model opens the same
+sidecar it trained against: nothing is re-encoded afterwards.
+
+Training texts are matched to sidecar rows through the index the sidecar was built from (documents are stored
+there), so ordinary text triples (``mine-negatives`` output, ``triples.train.small.tsv``) work unchanged.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from .data import TrainingGroup, batch_group_size
+from .objectives import loss_of_outputs
+
+logger = logging.getLogger(__name__)
+
+
+class UnmatchedTrainingTextError(ValueError):
+    """Training passages that are not documents of the sidecar's index."""
+
+
+def freeze_store_parameters(model: nn.Module) -> list[str]:
+    """Freeze every parameter the stored vectors depend on (ties included); returns their names.
+
+    Raises:
+        ValueError: for a model that stores nothing (e.g. the cross-encoder).
+    """
+    if getattr(model, "store_width", None) is None:
+        raise ValueError(f"a '{model.model_type}' model stores nothing, so it cannot train against a sidecar")
+    stored = {name for name, _ in model.store_parameters()}
+    frozen = []
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        if name in stored:
+            parameter.requires_grad_(False)
+            frozen.append(name)
+    return frozen
+
+
+class StoredDocuments:
+    """Sidecar rows of training passages, found by their text.
+
+    Args:
+        reader: an open sidecar (checked against the model's fingerprint by the caller).
+        texts_by_docid: ``{docid: text}`` of the sidecar's documents (see :func:`open_stored_documents`).
+    """
+
+    def __init__(self, reader, texts_by_docid: dict[str, str]):
+        self.reader = reader
+        docids = list(texts_by_docid)
+        rows = reader.rows_for_docids(docids)
+        self._row_of_text = {}
+        for docid, row in zip(docids, rows):
+            self._row_of_text.setdefault(texts_by_docid[docid].strip(), int(row))
+
+    def __len__(self) -> int:
+        return len(self._row_of_text)
+
+    def rows(self, texts: Sequence[str]) -> np.ndarray:
+        """Sidecar rows of ``texts``.
+
+        Raises:
+            UnmatchedTrainingTextError: counting the texts that are no document of the index, with the first one.
+        """
+        rows, missing = [], []
+        for text in texts:
+            row = self._row_of_text.get(text.strip())
+            if row is None:
+                missing.append(text)
+            rows.append(row)
+        if missing:
+            raise UnmatchedTrainingTextError(
+                f"{len(missing)} training passage(s) are not documents of the sidecar's index (their text must equal "
+                f"the indexed text), e.g. {missing[0][:80]!r}; mine the triples from this index "
+                "(train mine-negatives) or train without --doc-sidecar")
+        return np.asarray(rows, dtype=np.int64)
+
+    def check_groups(self, groups: Sequence[TrainingGroup]) -> None:
+        """Fail before training, not at step 5,000, when a passage of ``groups`` is not in the sidecar."""
+        self.rows([text for group in groups for text in (group.positive, *group.negatives)])
+
+
+#: ``--doc-sidecar default``: the sidecar where ``sidecar build`` puts it by default, beside the index
+DEFAULT_SIDECAR = "default"
+
+
+def open_stored_documents(model, sidecar: str | os.PathLike, index: str | os.PathLike) -> StoredDocuments:
+    """The sidecar at ``sidecar`` (or at its default place beside ``index`` for ``"default"``; refused unless it
+    was built by this model's store parameters and from ``index``) with the texts of its documents read from
+    ``index``.
+
+    Raises:
+        FileNotFoundError: for a missing default sidecar, with the command that builds it.
+    """
+    from ..index import fetch_texts, index_identity, open_searcher, resolve_index
+    from ..sidecar import open_sidecar
+
+    resolved = resolve_index(index)
+    if str(sidecar) == DEFAULT_SIDECAR:
+        from ..search.searcher import default_sidecar_path
+
+        sidecar = default_sidecar_path(resolved.path, model.model_type, model)
+        if not sidecar.exists():
+            arguments = " ".join(f"--model-arg {key}={value}"
+                                 for key, value in getattr(model, "source_overrides", {}).items())
+            raise FileNotFoundError(
+                f"no sidecar of this {model.model_type} model beside the index ({sidecar}); build it first: python -m "
+                f"pyserini_mores.sidecar build --index {index} --reranker {model.model_type} --model "
+                f"{getattr(model, 'source', None) or model.config.backbone} {arguments}".rstrip())
+    searcher = open_searcher(resolved)
+    reader = open_sidecar(sidecar, expect_model_fingerprint=model.store_fingerprint(),
+                          expect_index=index_identity(searcher))
+    docids = reader.docids(np.arange(reader.num_docs))
+    logger.info("matching training passages to %d stored documents of %s", len(docids), sidecar)
+    return StoredDocuments(reader, dict(zip(docids, fetch_texts(searcher, docids))))
+
+
+class StoredGroupCollator:
+    """Like :class:`~.data.GroupCollator`, but documents come as stored rows: ``{"query_batch"`` (one tokenized
+    query per group), ``"docs" [G·(1+k), Lmax, width]``, ``"lengths"``, ``"labels"``, ``"group_size"}``."""
+
+    def __init__(self, model, documents: StoredDocuments):
+        self.model = model
+        self.documents = documents
+
+    def __call__(self, groups: Sequence[TrainingGroup]) -> dict:
+        group_size = batch_group_size(groups)
+        rows = self.documents.rows([text for group in groups for text in (group.positive, *group.negatives)])
+        docs, lengths = self.documents.reader.get_batch(rows)
+        return {
+            "query_batch": self.model.tokenize_queries([group.query for group in groups]),
+            "docs": docs,
+            "lengths": lengths,
+            "labels": torch.tensor(([1] + [0] * (group_size - 1)) * len(groups), dtype=torch.long),
+            "group_size": group_size,
+        }
+
+
+class StoredRankingObjective(nn.Module):
+    """``forward(**batch) → {"loss"}`` of a :class:`StoredGroupCollator` batch, scored exactly as the reranker
+    scores: ``encode_query`` once per group, then ``score`` (or MORES's ``score_logits`` for the pointwise loss)
+    against the group's stored documents."""
+
+    def __init__(self, model: nn.Module, loss: str = "pointwise", margin: float = 1.0):
+        super().__init__()
+        self.model = model
+        self.loss = loss
+        self.margin = margin
+
+    def forward(self, query_batch: dict, docs: torch.Tensor, lengths: torch.Tensor, labels: torch.Tensor,
+                group_size: int) -> dict:
+        score = getattr(self.model, "score_logits", None) if self.loss == "pointwise" else None
+        score = score or self.model.score
+        outputs = []
+        for group in range(docs.shape[0] // group_size):
+            state = self.model.encode_query({name: tensor[group:group + 1] for name, tensor in query_batch.items()})
+            pairs = slice(group * group_size, (group + 1) * group_size)
+            outputs.append(score(state, docs[pairs], lengths[pairs]))
+        return {"loss": loss_of_outputs(torch.cat(outputs), labels, group_size, self.loss, self.margin)}
+
+
+__all__ = ["DEFAULT_SIDECAR", "StoredDocuments", "StoredGroupCollator", "StoredRankingObjective",
+           "UnmatchedTrainingTextError", "freeze_store_parameters", "open_stored_documents"]

@@ -1,0 +1,132 @@
+"""Training against a sidecar (``train --doc-sidecar``): the loss from stored documents equals the loss of the
+training forward from text, what the sidecar depends on stays frozen (so the trained model still opens the same
+sidecar), and passages that are not in the index are refused before training starts."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from pyserini_mores.formats import read_collection, read_qrels, read_topics
+from pyserini_mores.index import open_searcher
+from pyserini_mores.models import load_model
+from pyserini_mores.sidecar import open_sidecar
+from pyserini_mores.sidecar.build import build_sidecar
+from pyserini_mores.train.data import GroupCollator, TrainingGroup, load_groups, mine_negatives, write_triples
+from pyserini_mores.train.objectives import RankingObjective
+from pyserini_mores.train.stored import (StoredGroupCollator, StoredRankingObjective, UnmatchedTrainingTextError,
+                                         freeze_store_parameters, open_stored_documents)
+from pyserini_mores.train.trainer import TrainingSettings, train
+
+from test_train import COLLECTION, QRELS, TOPICS, _tiny_model
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+#: (model type, config overrides): MORES under both reuse strategies, PreTTR split at l = 2 of 4
+VARIANTS = [("mores", {"reuse": "s1"}), ("mores", {"reuse": "s2"}), ("prettr", {})]
+
+
+@pytest.fixture(scope="module")
+def triples(tmp_path_factory) -> Path:
+    topics, qrels = read_topics(TOPICS), read_qrels(QRELS)
+    texts = dict(read_collection(COLLECTION))
+    found, _ = mine_negatives(topics, qrels, {qid: list(texts) for qid in topics}, lambda ids: [texts[i] for i in ids],
+                              negatives_per_query=3, depth=len(texts), seed=1)
+    path = tmp_path_factory.mktemp("stored-triples") / "triples.tsv"
+    write_triples(path, found)
+    return path
+
+
+def _saved_model_and_sidecar(tmp_path: Path, tiny_index: Path, tokenizer, model_type: str, overrides: dict):
+    model = _tiny_model(model_type, tokenizer, **overrides)
+    with torch.no_grad():  # std 0.02 heads score everything alike; a wide head makes loss differences visible
+        model.ranking_head.weight.normal_(std=1.0)
+    model.save_pretrained(tmp_path / "init")
+    model = load_model(model_type, tmp_path / "init")
+    searcher = open_searcher(tiny_index)
+    sidecar = build_sidecar(searcher, model, tmp_path / "sidecar", reranker_name=model_type, dtype="float32",
+                            batch_size=4, progress=False)
+    searcher.close()
+    return tmp_path / "init", model, sidecar
+
+
+@pytest.mark.parametrize("loss", ["pointwise", "listwise"])
+@pytest.mark.parametrize("model_type, overrides", VARIANTS)
+def test_loss_from_stored_documents_equals_the_training_forward_from_text(tmp_path, tiny_index, tokenizer, triples,
+                                                                         model_type, overrides, loss):
+    _, model, sidecar = _saved_model_and_sidecar(tmp_path, tiny_index, tokenizer, model_type, overrides)
+    model.eval()  # dropout off: the two paths must then agree to rounding
+    groups = load_groups(triples)[:6]
+    documents = open_stored_documents(model, sidecar, tiny_index)
+    with torch.no_grad():
+        from_text = RankingObjective(model, loss)(**GroupCollator(model)(groups))["loss"]
+        stored = StoredRankingObjective(model, loss)(**StoredGroupCollator(model, documents)(groups))["loss"]
+    assert from_text > 0.05
+    torch.testing.assert_close(stored, from_text, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("model_type, overrides", VARIANTS)
+def test_training_against_the_sidecar_changes_only_what_runs_online(tmp_path, tiny_index, tokenizer, triples,
+                                                                    model_type, overrides):
+    init, model, sidecar = _saved_model_and_sidecar(tmp_path, tiny_index, tokenizer, model_type, overrides)
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    stored_names = {name for name, _ in model.store_parameters()}
+    settings = TrainingSettings(model_type=model_type, init=str(init), triples=str(triples),
+                                output=str(tmp_path / "out"), batch_size=8, max_steps=5, lr=1e-2, seed=3,
+                                save_steps=1000, doc_sidecar=str(sidecar), doc_index=str(tiny_index))
+    trained = train(settings, progress=False).model
+    after = trained.state_dict()
+    changed = {name for name in before if not torch.equal(before[name], after[name])}
+    assert changed, "nothing trained"
+    assert not changed & stored_names, f"stored-side parameters changed: {sorted(changed & stored_names)[:3]}"
+    assert trained.store_fingerprint() == model.store_fingerprint()
+    reloaded = load_model(model_type, tmp_path / "out")
+    with open_sidecar(sidecar, expect_model_fingerprint=reloaded.store_fingerprint()) as reader:
+        assert reader.num_docs == 20  # the trained model opens the sidecar it trained against
+
+
+def test_passages_outside_the_index_are_refused_before_training(tmp_path, tiny_index, tokenizer):
+    _, model, sidecar = _saved_model_and_sidecar(tmp_path, tiny_index, tokenizer, "mores", {"reuse": "s1"})
+    documents = open_stored_documents(model, sidecar, tiny_index)
+    known = next(iter(dict(read_collection(COLLECTION)).values()))
+    groups = [TrainingGroup("q", known, ("no such passage in the index", "nor this one"))]
+    with pytest.raises(UnmatchedTrainingTextError,
+                       match=r"2 training passage\(s\) are not documents of the sidecar's index .*"
+                             r"'no such passage in the index'.*mine the triples from this index"):
+        documents.check_groups(groups)
+
+
+def test_a_sidecar_of_another_model_is_refused(tmp_path, tiny_index, tokenizer):
+    _, _, sidecar = _saved_model_and_sidecar(tmp_path, tiny_index, tokenizer, "mores", {"reuse": "s1"})
+    other = _tiny_model("mores", tokenizer, reuse="s2")
+    with pytest.raises(Exception, match="fingerprint|model"):
+        open_stored_documents(other, sidecar, tiny_index)
+
+
+def test_models_that_store_nothing_cannot_train_against_a_sidecar(tokenizer):
+    with pytest.raises(ValueError, match="a 'cross-encoder' model stores nothing"):
+        freeze_store_parameters(_tiny_model("cross-encoder", tokenizer))
+
+
+def test_the_default_sidecar_is_found_beside_the_index_or_its_build_command_given(tmp_path, tiny_index, tokenizer):
+    from pyserini_mores.search import default_sidecar_path
+    from pyserini_mores.train.stored import DEFAULT_SIDECAR
+
+    _tiny_model("mores", tokenizer, reuse="s1").save_pretrained(tmp_path / "init")
+    model = load_model("mores", tmp_path / "init", reuse="s1")
+    with pytest.raises(FileNotFoundError,
+                       match=r"no sidecar of this mores model beside the index .*build it first: python -m "
+                             rf"pyserini_mores\.sidecar build --index {tiny_index} --reranker mores --model "
+                             rf"{tmp_path / 'init'} --model-arg reuse=s1$"):
+        open_stored_documents(model, DEFAULT_SIDECAR, tiny_index)
+    path = default_sidecar_path(tiny_index, "mores", model)
+    searcher = open_searcher(tiny_index)
+    build_sidecar(searcher, model, path, reranker_name="mores", dtype="float32", batch_size=4, progress=False)
+    searcher.close()
+    try:
+        assert len(open_stored_documents(model, DEFAULT_SIDECAR, tiny_index)) == 20
+    finally:
+        import shutil
+
+        shutil.rmtree(path)  # the tiny index is shared by the session
