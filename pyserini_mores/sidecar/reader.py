@@ -38,7 +38,39 @@ logger = logging.getLogger(__name__)
 _TORCH_DTYPE_NAMES = ("float32", "float16", "bfloat16")
 
 
-class SidecarReader:
+class ManifestMetadata:
+    """What a reader tells from its ``manifest`` alone (shared by the single and the sharded reader)."""
+
+    manifest: Any
+
+    @property
+    def num_docs(self) -> int:
+        return self.manifest.num_docs
+
+    @property
+    def num_tokens(self) -> int:
+        return self.manifest.num_tokens
+
+    @property
+    def dim(self) -> int:
+        return self.manifest.dim
+
+    @property
+    def dtype(self) -> str:
+        """Storage dtype name: ``float16``, ``float32`` or ``bfloat16``, or the codec of a compressed sidecar
+        (``sq8``, ``sq6``, ``sq4``, ``pq``: see :mod:`.codecs`)."""
+        return self.manifest.dtype
+
+    @property
+    def model(self) -> dict[str, Any]:
+        return self.manifest.model
+
+    @property
+    def index(self) -> dict[str, Any]:
+        return self.manifest.index
+
+
+class SidecarReader(ManifestMetadata):
     """Read-only access to a sidecar's per-document token matrices, addressed by row (= Lucene internal docid).
 
     Args:
@@ -90,25 +122,7 @@ class SidecarReader:
         self._maps: dict[str, np.ndarray] = {}
         self._codec = None  # a compressed sidecar's trained codec, loaded on first decode
 
-    # ---- metadata ------------------------------------------------------------------------------------------------
-    @property
-    def num_docs(self) -> int:
-        return self.manifest.num_docs
-
-    @property
-    def num_tokens(self) -> int:
-        return self.manifest.num_tokens
-
-    @property
-    def dim(self) -> int:
-        return self.manifest.dim
-
-    @property
-    def dtype(self) -> str:
-        """Storage dtype name: ``float16``, ``float32`` or ``bfloat16``, or the codec of a compressed sidecar
-        (``sq8``, ``sq6``, ``sq4``, ``pq``: see :mod:`.codecs`)."""
-        return self.manifest.dtype
-
+    # ---- metadata (num_docs, num_tokens, dim, dtype, model, index: ManifestMetadata) ---------------------------
     @property
     def bytes_per_token(self) -> int:
         """Stored bytes of one token vector (a compressed sidecar's code size)."""
@@ -125,14 +139,6 @@ class SidecarReader:
             self._codec = codec_from_manifest(self.manifest.codec, self.dim, parameters,
                                               source=str(self.path / CODEC))
         return self._codec
-
-    @property
-    def model(self) -> dict[str, Any]:
-        return self.manifest.model
-
-    @property
-    def index(self) -> dict[str, Any]:
-        return self.manifest.index
 
     @property
     def bytes_per_doc(self) -> float:
@@ -336,5 +342,5 @@ def open_sidecar(path: str | os.PathLike, **expect: Any) -> SidecarReader:
     from .shards import ShardedSidecarReader, is_sharded
 
     if is_sharded(path):
-        return ShardedSidecarReader(path, **expect)  # type: ignore[return-value]  # same API, no common base
+        return ShardedSidecarReader(path, **expect)  # type: ignore[return-value]  # same API; shares ManifestMetadata, not SidecarReader
     return SidecarReader(path, **expect)

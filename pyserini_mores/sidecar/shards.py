@@ -42,7 +42,7 @@ from .format import (
     size_problems,
     write_json_atomic,
 )
-from .reader import SidecarReader, _torch_dtype
+from .reader import ManifestMetadata, SidecarReader, _torch_dtype
 
 if TYPE_CHECKING:
     import torch
@@ -405,7 +405,7 @@ def _entry_problem(manifest: ShardedManifest, root: Path, position: int, shard_m
     return None
 
 
-class ShardedSidecarReader:
+class ShardedSidecarReader(ManifestMetadata):
     """Read-only access to a sharded sidecar with the :class:`SidecarReader` API: rows are global (Lucene internal
     docids) and batches may span shards.
 
@@ -451,31 +451,7 @@ class ShardedSidecarReader:
             raise SidecarMismatchError(f"{where}: {problem}")
         return reader
 
-    # ---- metadata ------------------------------------------------------------------------------------------------
-    @property
-    def num_docs(self) -> int:
-        return self.manifest.num_docs
-
-    @property
-    def num_tokens(self) -> int:
-        return self.manifest.num_tokens
-
-    @property
-    def dim(self) -> int:
-        return self.manifest.dim
-
-    @property
-    def dtype(self) -> str:
-        return self.manifest.dtype
-
-    @property
-    def model(self) -> dict[str, Any]:
-        return self.manifest.model
-
-    @property
-    def index(self) -> dict[str, Any]:
-        return self.manifest.index
-
+    # ---- metadata (num_docs, num_tokens, dim, dtype, model, index: ManifestMetadata) ---------------------------
     @property
     def bytes_per_doc(self) -> float:
         """Mean bytes of stored vectors per document over every shard."""
