@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from pyserini_mores.models import load_model, pad_documents
+from pyserini_mores.models._layers import attention_mask_from_ids
 from pyserini_mores.models.mores import MoresConfig, MoresModel
 
 QUERY = "what is a text editor"
@@ -61,6 +62,28 @@ def test_forward_equals_s1_equals_s2(tokenizer, tiny_dims, n_blocks, tied, pooli
     assert trained.std() > 0.05  # the documents get clearly different scores
     torch.testing.assert_close(s1, trained, atol=1e-4, rtol=0)
     torch.testing.assert_close(s2, trained, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("n_blocks", [1, 2])
+def test_last_block_cls_only_equals_every_row(tokenizer, tiny_dims, n_blocks):
+    """The last block computes only the [CLS] row after its cross-attention; the paper's block computes every row
+    and pools row 0. Same logits, and a second query of another length in the batch (padding) changes nothing."""
+    model = make_model(dims_for(tiny_dims, n_blocks), tokenizer, n_interaction_blocks=n_blocks)
+    queries = model.tokenize_queries([QUERY, OTHER_QUERY, QUERY, OTHER_QUERY])
+    docs = model.tokenize_documents(DOCUMENTS)
+    with torch.no_grad():
+        query = model.query_module(queries["input_ids"], queries["attention_mask"])
+        query_mask = attention_mask_from_ids(queries["attention_mask"])
+        doc_states = model.document_module(docs["input_ids"], docs["attention_mask"])
+        doc_mask = attention_mask_from_ids(docs["attention_mask"])
+        x = query
+        for block in model.interaction_module.blocks:
+            keys, values = block.cross_attention.project_keys_values(doc_states)
+            x = block(x, keys, values, doc_mask, query_mask)
+        every_row = model.interaction_module.head(x[:, 0])
+        cls_only = model.forward_logits(queries, docs)
+    assert every_row.std() > 0.05
+    torch.testing.assert_close(cls_only, every_row, atol=1e-5, rtol=0)
 
 
 def test_score_texts_equals_forward(tokenizer, tiny_dims):

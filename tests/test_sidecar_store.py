@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from pyserini_mores.sidecar import (
+    BatchBuffer,
     SidecarCorruptError,
     SidecarExistsError,
     SidecarMismatchError,
@@ -84,6 +85,25 @@ def test_round_trip_is_exact_in_the_stored_dtype(tmp_path, dtype):
         assert native.dtype == getattr(torch, dtype)
         torch.testing.assert_close(native.float(), batch, rtol=0, atol=0)
         assert reader.bytes_per_doc == sum(LENGTHS) * DIM * {"float32": 4}.get(dtype, 2) / len(docs)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_batches_in_a_reused_buffer_hold_the_rows_and_zero_padding(tmp_path, dtype):
+    """A buffer full of garbage from a longer batch: padding is zeroed, and the conversion lands in the buffer too."""
+    path = _write(tmp_path / dtype, _documents(), dtype=dtype)
+    buffer = BatchBuffer()
+    with SidecarReader(path) as reader:
+        stored = reader.get_batch([0], dtype=None)[0].dtype
+        buffer.take("stored", (64, 64, DIM), stored).fill_(float("nan"))
+        buffer.take("converted", (64, 64, DIM), torch.float32).fill_(float("nan"))
+        for rows in ([11, 3, 7, 0, 2], [5, 1, 0, 5, 11, 4, 2], [4], [1, 6]):
+            for target in ("float32", None):
+                batch, lengths = reader.get_batch(rows, dtype=target, buffer=buffer)
+                assert batch.dtype == (torch.float32 if target else stored)
+                assert lengths.tolist() == [LENGTHS[row] for row in rows]
+                for i, row in enumerate(rows):
+                    np.testing.assert_array_equal(batch[i, :LENGTHS[row]].float().numpy(), reader.get(row))
+                    assert not batch[i, LENGTHS[row]:].any(), "padding must be zeros"
 
 
 def test_batches_of_only_empty_documents_and_an_all_empty_sidecar(tmp_path):

@@ -14,7 +14,8 @@ from pyserini_mores.models._layers import BertDims
 from pyserini_mores.train import data as train_data
 from pyserini_mores.train.__main__ import build_parser, main
 from pyserini_mores.train.compressor import pretrain_compressor
-from pyserini_mores.train.data import load_groups, mine_negatives, read_triples, write_triples
+from pyserini_mores.train.data import (TrainingGroup, load_groups, mine_negatives, read_triples, with_batch_negatives,
+                                      write_triples)
 from pyserini_mores.train.objectives import mean_loss
 from pyserini_mores.train.recipes import merge_settings, read_recipe, recipe_names
 from pyserini_mores.train.trainer import TrainingSettings, last_checkpoint, train
@@ -154,6 +155,27 @@ def test_listwise_groups_pool_consecutive_triples_of_one_query(tmp_path):
                                                         ("r", ("m1", "m1"))]
 
 
+def test_batch_negatives_borrow_the_next_groups_positives():
+    groups = [TrainingGroup("q1", "p1", ("n1",)), TrainingGroup("q2", "p2", ("n2",)),
+              TrainingGroup("q3", "p1", ("n3",)), TrainingGroup("q4", "p4", ("n4",))]
+    extended = with_batch_negatives(groups, 2)
+    assert [g.negatives for g in extended] == [("n1", "p2", "p4"), ("n2", "p1", "p4"), ("n3", "p4", "p2"),
+                                               ("n4", "p1", "p2")]  # q1 and q3 never get their own positive
+    assert [(g.query, g.positive) for g in extended] == [(g.query, g.positive) for g in groups]
+    assert with_batch_negatives(groups, 0) == groups
+    # q1 has only p2 and p4 to borrow: its own negative fills the third place
+    assert with_batch_negatives(groups, 3)[0].negatives == ("n1", "p2", "p4", "n1")
+
+
+def test_batch_negatives_need_enough_groups_per_micro_batch(tmp_path):
+    with pytest.raises(ValueError, match="micro-batch, which holds 2 groups"):
+        TrainingSettings(model_type="mores", init="minilm", triples="t.tsv", output=str(tmp_path), loss="listwise",
+                         batch_size=4, grad_accum=2, batch_negatives=2)
+    # pointwise: a group counts 1 + k + b examples
+    assert TrainingSettings(model_type="mores", init="minilm", triples="t.tsv", output=str(tmp_path),
+                            batch_size=9, batch_negatives=1).groups_per_step == 3
+
+
 # ------------------------------------------------------------------------------------------------- training
 
 
@@ -173,6 +195,26 @@ def test_a_few_steps_reduce_the_training_loss(model_type, loss, negatives, init_
     assert after < 0.8 * before, (before, after)
 
 
+def test_training_with_batch_negatives_scores_the_borrowed_positives(init_dirs, triples_path, tmp_path,
+                                                                    monkeypatch):
+    import pyserini_mores.train.trainer as trainer_module
+
+    batches = []
+
+    def recording(groups, count):
+        extended = with_batch_negatives(groups, count)
+        batches.append((count, [g.positive for g in groups], [g.negatives[-1] for g in extended]))
+        return extended
+
+    monkeypatch.setattr(trainer_module, "with_batch_negatives", recording)
+    result = train(_settings(tmp_path, "mores", init_dirs("mores"), triples_path, loss="pointwise", batch_size=9,
+                             max_steps=2, batch_negatives=1), progress=False)
+    assert result.global_step == 2 and len(batches) == 2
+    for count, positives, borrowed in batches:
+        assert count == 1 and len(positives) == 3  # 9 pointwise examples = 3 groups of 1 + 1 + 1
+        assert all(other != own and other in positives for own, other in zip(positives, borrowed))
+
+
 def _changed(before: dict, after: dict, prefixes: tuple[str, ...]) -> dict[str, bool]:
     return {name: not torch.equal(before[name], after[name]) for name in before if name.startswith(prefixes)}
 
@@ -190,7 +232,12 @@ def test_mores_adapt_modules_trains_only_those_modules(train_modules, init_dirs,
     trained, frozen = (interaction, representation) if train_modules == "interaction" else (representation,
                                                                                             interaction)
     assert not any(frozen.values()), [name for name, changed in frozen.items() if changed]  # bit-identical
-    assert all(trained.values()), [name for name, changed in trained.items() if not changed]
+    # The last block's self-attention runs for the [CLS] row with its keys folded into the query: a key bias adds
+    # the same logit to every key, which softmax ignores, so it gets no gradient there (in any attention its true
+    # gradient is zero).
+    last_key_bias = f"interaction_module.blocks.{result.model.config.n_interaction_blocks - 1}.self_attention.key.bias"
+    assert all(changed for name, changed in trained.items() if name != last_key_bias), \
+        [name for name, changed in trained.items() if not changed]
 
 
 def test_adapt_modules_is_refused_for_models_without_them(init_dirs, triples_path, tmp_path):

@@ -96,10 +96,10 @@ class Pipeline:
         os.replace(tmp, path)  # a kill never leaves a half-written journal
 
     def run(self, step: str, command: list[str], capture: bool = False, done: Path | None = None,
-            seconds_from=None) -> str | None:
+            seconds_from=None, always: bool = False) -> str | None:
         """Run ``command`` as ``step`` unless the journal (or ``done``, an output written last by the command
-        itself) says it finished; returns its stdout when ``capture``."""
-        if step in self.journal:
+        itself) says it finished (``always``: run it anyway); returns its stdout when ``capture``."""
+        if step in self.journal and not always:
             print(f"[{step}] done ({self.journal[step]['seconds']:.0f} s), skipped")
             return self.journal[step].get("stdout")
         if done is not None and done.exists():
@@ -203,14 +203,16 @@ class Pipeline:
     def table(self) -> str:
         lines = []
         for split in self.splits:
-            runs = [self.run_file("bm25", split)] + [self.run_file(m.name, split) for m in self.models]
-            baseline = self.run_file(BASELINE, split) if any(m.name == BASELINE for m in self.models) else None
+            # Every model reranked so far, not only this invocation's --models: adding a row keeps the others.
+            shown = [m for m in MODELS if m in self.models or self.run_file(m.name, split).exists()]
+            runs = [self.run_file("bm25", split)] + [self.run_file(m.name, split) for m in shown]
+            baseline = self.run_file(BASELINE, split) if any(m.name == BASELINE for m in shown) else None
             evaluation = self.work / f"eval.{split}.json"
             command = [*PY, "pyserini_mores.eval", *runs, "--qrels", self.data / f"qrels.{split}.txt",
                        "--metrics", "MRR@10", "nDCG@10", "R@10", "R@100", "R@1000", "--json", evaluation]
             if baseline:
                 command += ["--baseline", baseline]
-            self.run(f"eval-{split}", command)
+            self.run(f"eval-{split}", command, always=True)  # seconds; its runs may have changed since
             if not self.dry_run:
                 lines += self.format_table(split, json.loads(evaluation.read_text()))
         total = sum(entry["seconds"] for entry in self.journal.values())
@@ -222,7 +224,7 @@ class Pipeline:
 
     def format_table(self, split: str, evaluation: dict) -> list[str]:
         names = {str(self.run_file("bm25", split)): "BM25", **{
-            str(self.run_file(m.name, split)): m.name for m in self.models}}
+            str(self.run_file(m.name, split)): m.name for m in MODELS}}
         tests = evaluation.get("non_inferiority", {})
         lines = [f"\n### debian-packages {split} ({len(next(iter(evaluation['runs'].values()))['per_query']['MRR@10'])}"
                  f" queries; rerank depth {self.depth}; ms/query for 1000 candidates, bf16, median of "

@@ -58,6 +58,9 @@ def define_bench_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--codec", choices=["fp16", "sq8", "sq6", "sq4", "pq"], default="fp16",
                         help="sidecar codec of the precomputing models: fp16 vectors, or a faiss codec trained on the "
                              "random rows and decoded at read time (default: fp16)")
+    parser.add_argument("--store-dtype", choices=["float16", "bfloat16", "float32"], default="float16",
+                        help="vector dtype of the uncompressed sidecars, as `sidecar build --dtype` (default: float16; "
+                             "bfloat16 is read without conversion under --precision bf16)")
     parser.add_argument("--cold-cache", action="store_true",
                         help="evict the sidecar from the page cache before every timed run (default: warm)")
     parser.add_argument("--work-dir", default=None,
@@ -93,6 +96,7 @@ def config_from_args(args: argparse.Namespace):
         max_rep_seconds=defaults["max_rep_seconds"] if args.max_rep_seconds is None else args.max_rep_seconds,
         cold_cache=args.cold_cache,
         codec=args.codec,
+        store_dtype=args.store_dtype,
         work_dir=args.work_dir or default_work_dir(),
         seed=args.seed,
         peak_sizes=tuple(args.peak_sizes),

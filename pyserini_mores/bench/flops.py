@@ -16,10 +16,14 @@ Notation: ``n`` hidden width, ``f`` FFN width, ``h`` heads, ``L`` layers, ``q`` 
 ``d`` document tokens as the model sees them (see each function), ``K`` MORES interaction blocks.
 
 * BERT layer over ``T`` tokens: ``layer(T) = 8·T·n² + 4·T²·n + 4·T·n·f`` (Q/K/V/O projections, attention, FFN).
-* Cross-encoder, per candidate: ``L·layer(q + d) + 4n`` (every row of every layer; head ``n→2``).
+* The [CLS] row only of a layer over ``T`` tokens (``cls_only_attention``: keys and values folded into the query):
+  ``cls_layer(T) = 8·n² + 4·h·T·n + 4·n·f`` (query and output projections, key and value folds, logits and pool).
+* Cross-encoder, per candidate: ``(L−1)·layer(q + d) + cls_layer(q + d) + 4n`` (head ``n→2``).
 * MORES, query: ``(L−K)·layer(q) + 2·q·n²`` (query module + block 1's cross-attention query projection, shared).
   Per candidate and block: cross-attention ``4·q·d·n + 2·q·n²`` (+ ``2·q·n²`` query projection for blocks ≥ 2),
-  self-attention ``8·q·n² + 4·q²·n``, FFN ``4·q·n·f``; Reuse-S1 adds the document keys/values ``4·d·n²``; head ``4n``.
+  self-attention ``8·q·n² + 4·q²·n``, FFN ``4·q·n·f`` — except in the last block with [CLS] pooling, where the
+  self-attention and FFN are ``cls_layer(q)``; Reuse-S1 adds the document keys/values ``4·d·n²``; head ``4n``.
+  (The paper's count, every row of every block, is ``mores_flops(..., every_row=True)``.)
 * PreTTR (join layer ``l``, query block ``q``, stored ``d`` tokens, joint ``T = q + d``), query: ``l·layer(q)``
   (+ ``4·q·n·e`` compress→decompress of the query states). Last layer computes the [CLS] row only, with keys and
   values folded into the query (``cls_only_layer``): per head the logits and the weighted sum act on the unprojected
@@ -110,18 +114,31 @@ def bert_layer(tokens: int, shape: EncoderShape) -> int:
             + linear(tokens, n, f) + linear(tokens, f, n))
 
 
+def cls_only_layer(tokens: int, shape: EncoderShape) -> int:
+    """``8·n² + 4·h·T·n + 4·n·f``: the [CLS] row of a layer over ``tokens`` tokens, keys and values folded."""
+    n, f, h = shape.hidden, shape.ffn, shape.heads
+    folds = 2 * (2 * h * (n // h) * n)  # W_k,hᵀ q_h and W_v,h (Σ p s)
+    return linear(1, n, n) + folds + 2 * (2 * h * tokens * n) + linear(1, n, n) + linear(1, n, f) + linear(1, f, n)
+
+
 def cross_encoder_flops(shape: EncoderShape, query_tokens: int, doc_tokens: int, num_labels: int = 2) -> FlopCount:
-    """Full encoder over the joined pair. ``query_tokens`` = ``[CLS] q [SEP]``, ``doc_tokens`` = ``d [SEP]``."""
+    """The encoder over the joined pair, its last layer [CLS]-only. ``query_tokens`` = ``[CLS] q [SEP]``,
+    ``doc_tokens`` = ``d [SEP]``."""
     joint = query_tokens + doc_tokens
     return FlopCount((
-        Term("encoder", shape.layers * bert_layer(joint, shape)),
+        Term("encoder", (shape.layers - 1) * bert_layer(joint, shape)),
+        Term("last_layer_cls", cls_only_layer(joint, shape)),
         Term("head", linear(1, shape.hidden, num_labels)),
     ))
 
 
 def mores_flops(shape: EncoderShape, query_tokens: int, doc_tokens: int, interaction_blocks: int, reuse: str,
-                num_labels: int = 2) -> FlopCount:
-    """MORES: query module once, then ``K`` interaction blocks per candidate. ``doc_tokens`` = ``[CLS] d [SEP]``."""
+                num_labels: int = 2, every_row: bool = False) -> FlopCount:
+    """MORES: query module once, then ``K`` interaction blocks per candidate. ``doc_tokens`` = ``[CLS] d [SEP]``.
+
+    ``every_row=False`` counts what the shipped code runs with [CLS] pooling (the last block's self-attention and FFN
+    for the [CLS] row only); ``True`` the paper's count (mean pooling runs it too).
+    """
     if reuse not in ("s1", "s2"):
         raise ValueError(f"reuse must be s1 or s2, not {reuse!r}")
     n, f, q, d = shape.hidden, shape.ffn, query_tokens, doc_tokens
@@ -138,9 +155,14 @@ def mores_flops(shape: EncoderShape, query_tokens: int, doc_tokens: int, interac
         terms += [
             Term(prefix + "cross_attention", attention(q, d, n)),
             Term(prefix + "cross_output", linear(q, n, n)),
-            Term(prefix + "self_attention", linear(q, n, 3 * n) + attention(q, q, n) + linear(q, n, n)),
-            Term(prefix + "ffn", linear(q, n, f) + linear(q, f, n)),
         ]
+        if block == interaction_blocks and not every_row:
+            terms.append(Term(prefix + "self_attention_ffn_cls", cls_only_layer(q, shape)))
+        else:
+            terms += [
+                Term(prefix + "self_attention", linear(q, n, 3 * n) + attention(q, q, n) + linear(q, n, n)),
+                Term(prefix + "ffn", linear(q, n, f) + linear(q, f, n)),
+            ]
     terms.append(Term("head", linear(1, n, num_labels)))
     return FlopCount(tuple(terms))
 
@@ -252,5 +274,5 @@ def flop_counter():
     return FlopCounterMode(display=False, custom_mapping=mapping)
 
 
-__all__ = ["Term", "FlopCount", "EncoderShape", "TKShape", "linear", "attention", "bert_layer", "tk_layer",
-           "cross_encoder_flops", "mores_flops", "prettr_flops", "tk_flops", "batches_for", "flop_counter"]
+__all__ = ["Term", "FlopCount", "EncoderShape", "TKShape", "linear", "attention", "bert_layer", "cls_only_layer",
+           "tk_layer", "cross_encoder_flops", "mores_flops", "prettr_flops", "tk_flops", "batches_for", "flop_counter"]

@@ -49,6 +49,7 @@ class BenchConfig:
     pilot_candidates: int = 8
     cold_cache: bool = False
     codec: str = "fp16"  # sidecar codec of the precomputing models (see pyserini_mores.sidecar.codecs)
+    store_dtype: str = "float16"  # vector dtype of an uncompressed sidecar (bfloat16: no conversion under bf16)
     work_dir: str | None = None
     seed: int = 0
     peak_sizes: tuple[int, ...] = machine.DEFAULT_PEAK_SIZES
@@ -141,7 +142,8 @@ class _Cell:
                 progress(f"{self.backbone} d={lengths.doc_len} {variant.key}: writing the sidecar")
                 start = time.perf_counter()
                 expect = workload.write_sidecar(sidecar_path, model, variant, self.backbone, lengths,
-                                                config.candidates, config.seed, codec=config.codec)
+                                                config.candidates, config.seed, dtype=config.store_dtype,
+                                                codec=config.codec)
                 storage["sidecar_write_seconds"] = round(time.perf_counter() - start, 2)
                 reader = open_sidecar(sidecar_path, **expect)
                 storage.update(bytes_per_doc=reader.bytes_per_doc,

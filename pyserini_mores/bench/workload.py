@@ -227,7 +227,7 @@ def flop_count(variant: Variant, model, lengths: Lengths) -> flop_formulas.FlopC
     if variant.model == "mores":
         return flop_formulas.mores_flops(shape, lengths.query_len, lengths.doc_len,
                                          model.config.n_interaction_blocks, model.config.reuse,
-                                         model.config.num_labels)
+                                         model.config.num_labels, every_row=model.config.pooling != "cls")
     return flop_formulas.prettr_flops(shape, lengths.query_len, lengths.joint_doc_len - 1,
                                       model.config.join_layer, model.config.compression_dim)
 
@@ -279,7 +279,7 @@ def synthetic_texts(words: tuple[str, ...], count: int, length: int, seed: int) 
 
 def write_sidecar(path: Path, model, variant: Variant, backbone: str, lengths: Lengths, num_docs: int,
                   seed: int, dtype: str = "float16", codec: str = "fp16") -> dict:
-    """Write ``num_docs`` documents of :func:`stored_doc_tokens` random rows each (fp16 by default, or a compressed
+    """Write ``num_docs`` documents of :func:`stored_doc_tokens` random rows each (``dtype`` vectors, or a compressed
     ``codec`` trained on them), as the sidecar build would; returns the identity to open it with (``expect_*``)."""
     from ..sidecar import SidecarWriter
 
@@ -292,7 +292,8 @@ def write_sidecar(path: Path, model, variant: Variant, backbone: str, lengths: L
     pool = rng.standard_normal((pool_docs, tokens, width), dtype=np.float32)
     if variant.model == "tk":
         pool /= np.linalg.norm(pool, axis=-1, keepdims=True)  # TK stores unit vectors
-    pool = pool.astype(dtype)
+    if dtype != "bfloat16":  # numpy has no bfloat16: the writer rounds float32 rows itself
+        pool = pool.astype(dtype)
     writer = SidecarWriter(path, dim=width, dtype=dtype, docids=[f"doc{row}" for row in range(num_docs)],
                            model={"model_type": model.model_type, "store_variant": model.store_variant,
                                   "fingerprint": fingerprint},

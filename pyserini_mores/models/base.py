@@ -61,6 +61,9 @@ class RankingModel(nn.Module):
 
     model_type: ClassVar[str]
     config_class: ClassVar[type[RankingConfig]] = RankingConfig
+    #: name prefixes of parameters used in fp32 on purpose, with autocast disabled: a bf16 scoring copy keeps them
+    #: fp32, or those steps would meet bf16 weights
+    fp32_parameters: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config: RankingConfig, tokenizer):
         super().__init__()

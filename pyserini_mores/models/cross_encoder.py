@@ -17,7 +17,8 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 
-from ._layers import BertEncoder, load_bert_weights
+from ._cls_only import cls_only_layer
+from ._layers import BertEncoder, attention_mask_from_ids, load_bert_weights
 from .backbones import DEFAULT_BACKBONE, load_backbone
 from .base import RankingConfig, RankingModel
 from .losses import ranking_scores
@@ -91,9 +92,14 @@ class CrossEncoder(RankingModel):
 
     def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                token_type_ids: torch.Tensor) -> torch.Tensor:
-        """``[B, num_labels]`` logits of already joined pairs ``[B, L]``."""
-        hidden = self.encoder(input_ids, attention_mask, token_type_ids)
-        return self.head(hidden[:, 0])
+        """``[B, num_labels]`` logits of already joined pairs ``[B, L]``.
+
+        The last layer computes the [CLS] row only (:func:`cls_only_layer`, exact): the head reads nothing else.
+        """
+        encoder = self.encoder
+        x = encoder.embeddings(input_ids, token_type_ids)
+        x = encoder.run_layers(x, attention_mask_from_ids(attention_mask), 0, len(encoder.layers) - 1)
+        return self.head(cls_only_layer(encoder.layers[-1], x[:, 0], [(x, attention_mask.bool())]))
 
     @torch.no_grad()
     def score_texts(self, query: str, documents: list[str], batch_size: int | None = None) -> torch.Tensor:

@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ._cls_only import TokenBlock, cls_only_attention
 from ._layers import (
     Attention,
     BertDims,
@@ -524,14 +525,22 @@ class MoresModel(RankingModel):
         """Run the K blocks on ``query [1|B, q, n]`` against block-wise ``keys_values(i) → ([B, d, n], [B, d, n])``
         and pool into ``[B, num_labels]`` logits."""
         x = query
-        for index, block in enumerate(self.interaction_module.blocks):
+        blocks = self.interaction_module.blocks
+        cls_pooling = self.config.pooling == "cls"
+        for index, block in enumerate(blocks):
             keys, values = keys_values(index)
-            x = block(x, keys, values, doc_mask, query_mask, first_block_queries if index == 0 else None)
-        if self.config.pooling == "cls":
-            pooled = x[:, 0]
-        else:
-            weights = query_mask[:, 0, 0, :].to(x.dtype)  # [1|B, q]
-            pooled = (x * weights[..., None]).sum(1) / weights.sum(1, keepdim=True)
+            cross_queries = first_block_queries if index == 0 else None
+            if cls_pooling and index == len(blocks) - 1:
+                # Only the [CLS] row leaves the last block: after its cross-attention (every row, as keys and
+                # values of the self-attention) the self-attention and FFN run for that one row — exact, and it
+                # removes most of the block (q - 1 of q FFN rows).
+                x = _cross_attend(block.cross_attention, x, keys, values, doc_mask, cross_queries)
+                pooled = cls_only_attention(block.self_attention, block.ffn, x[:, 0],
+                                            [TokenBlock(x, query_mask[:, 0, 0, :])])
+                return self.interaction_module.head(pooled)
+            x = block(x, keys, values, doc_mask, query_mask, cross_queries)
+        weights = query_mask[:, 0, 0, :].to(x.dtype)  # mean pooling over the real query rows [1|B, q]
+        pooled = (x * weights[..., None]).sum(1) / weights.sum(1, keepdim=True)
         return self.interaction_module.head(pooled)
 
 

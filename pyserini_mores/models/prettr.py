@@ -27,7 +27,6 @@ The optional compressor (SPEC §3.2, P3) sits on the layer-l output: ``r = GELU(
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Iterable, NamedTuple
 
@@ -35,7 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._layers import BertEncoder, TransformerLayer, key_padding_mask, load_bert_weights
+from ._cls_only import TokenBlock, cls_only_layer, compute_dtype
+from ._layers import BertEncoder, key_padding_mask, load_bert_weights
 from .backbones import DEFAULT_BACKBONE, load_backbone
 from .base import RankingConfig, RankingModel
 from .losses import ranking_scores
@@ -367,7 +367,7 @@ class PreTTRModel(RankingModel):
             # Only the CLS-only layer follows: attend to the stored codes through the decompressor directly.
             self._check_batches(query_state.states, docs)
             weight = compressor.decompress.weight
-            codes = docs.to(device=weight.device, dtype=_compute_dtype(weight))
+            codes = docs.to(device=weight.device, dtype=compute_dtype(weight))
             blocks = [TokenBlock(query_state.states, query_state.mask),
                       CompressedTokenBlock(codes, doc_mask.to(weight.device), compressor)]
             return self._head(cls_only_layer(self.encoder.layers[-1], query_state.states[:, 0], blocks))
@@ -472,84 +472,6 @@ class PreTTRModel(RankingModel):
         return probabilities
 
 
-def cls_only_layer(
-    layer: TransformerLayer,
-    cls: torch.Tensor,
-    blocks: list[TokenBlock | CompressedTokenBlock | tuple[torch.Tensor, torch.Tensor]],
-) -> torch.Tensor:
-    """The [CLS] row of ``layer`` applied to the concatenation of ``blocks`` (the paper's last-layer trick).
-
-    Args:
-        layer: the last encoder layer.
-        cls: ``[1|B, n]`` the [CLS] input state (batch 1 when it is shared by every candidate).
-        blocks: token blocks whose concatenation along tokens is the sequence: :class:`TokenBlock`,
-            :class:`CompressedTokenBlock`, or ``(states [1|B, T_i, n], mask [1|B, T_i] bool)`` tuples.
-
-    Returns:
-        ``[B, n]``, equal to ``layer(cat(states), mask)[:, 0]``.
-
-    The keys and values of the sequence are never projected. Per head ``h``, ``q_h·(W_k,h s + b_k,h)`` equals
-    ``(W_k,hᵀ q_h)·s`` plus a term constant over keys (dropped: softmax ignores it), and
-    ``Σ_j p_j (W_v,h s_j + b_v,h) = W_v,h (Σ_j p_j s_j) + b_v,h Σ_j p_j``. So the per-token cost is ``2·h·n`` instead
-    of ``2·n²``, and a batch-1 block (the query) is processed once for all candidates.
-    """
-    attention = layer.attention
-    heads, head_dim = attention.num_heads, attention.head_dim
-    hidden = cls.shape[-1]
-    blocks = [block if isinstance(block, (TokenBlock, CompressedTokenBlock)) else TokenBlock(*block)
-              for block in blocks]
-    batch = max([cls.shape[0]] + [block.batch for block in blocks])
-    queries = attention.query(cls).view(-1, heads, head_dim) / math.sqrt(head_dim)  # [Bc, h, dh]
-    key_weight = attention.key.weight.view(heads, head_dim, hidden)
-    folded = torch.einsum("bhd,hdn->bhn", queries, key_weight.to(queries.dtype))  # [Bc, h, n]
-
-    logits = []
-    for block in blocks:
-        block_logits = block.logits(folded)  # [Bb, h, T_i]
-        block_logits = block_logits.masked_fill(~block.mask[:, None, :], torch.finfo(block_logits.dtype).min)
-        logits.append(block_logits.float().expand(batch, -1, -1))
-    probabilities = torch.cat(logits, -1).softmax(-1)  # [B, h, T]
-    probabilities = F.dropout(probabilities, attention.attention_dropout, attention.training)
-
-    pooled, start = 0, 0  # [B, h, n]: the attention-weighted sum of the (unprojected) token states
-    for block in blocks:
-        pooled = pooled + block.pool(probabilities[:, :, start:start + block.length])
-        start += block.length
-    value_weight = attention.value.weight.view(heads, head_dim, hidden)
-    context = torch.einsum("bhn,hdn->bhd", pooled, value_weight.to(pooled.dtype))
-    context = context + attention.value.bias.view(heads, head_dim) * probabilities.sum(-1)[:, :, None]
-    context = context.reshape(batch, heads * head_dim)
-    attended = attention.norm(cls + attention.dropout(attention.output(context)))
-    return layer.ffn(attended)
-
-
-def _compute_dtype(tensor: torch.Tensor) -> torch.dtype:
-    """The dtype matrix products run in: the autocast dtype when autocast is on, else the tensor's own."""
-    device = tensor.device.type
-    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else tensor.dtype
-
-
-class TokenBlock:
-    """Token states ``[1|B, T, n]`` with their mask ``[1|B, T]``, as seen by :func:`cls_only_layer`."""
-
-    def __init__(self, states: torch.Tensor, mask: torch.Tensor):
-        self.states = states.to(_compute_dtype(states))  # cast once, not once per product
-        self.mask = mask
-        self.batch, self.length = states.shape[0], states.shape[1]
-
-    def logits(self, folded: torch.Tensor) -> torch.Tensor:
-        """``[Bb, h, T]`` attention logits for head-folded [CLS] queries ``folded [1|B, h, n]``."""
-        folded = folded.to(self.states.dtype)
-        if folded.shape[0] == 1:
-            return torch.matmul(self.states, folded[0].transpose(0, 1)).transpose(1, 2)  # one GEMM
-        return torch.matmul(folded, self.states.transpose(1, 2))
-
-    def pool(self, probabilities: torch.Tensor) -> torch.Tensor:
-        """``Σ_j p_hj s_j``: ``[B, h, T]`` → ``[B, h, n]``."""
-        states = self.states[0] if self.batch == 1 else self.states
-        return torch.matmul(probabilities.to(states.dtype), states)
-
-
 class CompressedTokenBlock:
     """Stored compressed states ``r [B, T, e]`` seen through the decompressor ``ŝ = LayerNorm(W_d r + b_d)``
     without ever materialising ``ŝ`` at width ``n``.
@@ -564,7 +486,7 @@ class CompressedTokenBlock:
         geometry = compressor.decoder_geometry()
         self.centred_weight, self.centred_bias = geometry.centred_weight, geometry.centred_bias
         self.gamma, self.beta = geometry.gamma, geometry.beta
-        self.codes = codes.to(_compute_dtype(codes))
+        self.codes = codes.to(compute_dtype(codes))
         batch, length, width = codes.shape
         whitened = torch.addmm(geometry.projected_bias.to(self.codes.dtype), self.codes.reshape(-1, width),
                                geometry.r_factor.transpose(0, 1).to(self.codes.dtype))  # R r_j + Qᵀc

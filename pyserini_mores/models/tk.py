@@ -374,6 +374,7 @@ class TKModel(RankingModel):
 
     model_type = "tk"
     config_class = TKConfig
+    fp32_parameters = ("log_weights.", "len_weights.", "combine.", "pooled_scale")  # kernel pooling and scoring
 
     def __init__(self, config: TKConfig, tokenizer):
         super().__init__(config, tokenizer)

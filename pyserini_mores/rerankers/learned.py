@@ -6,6 +6,7 @@ import contextlib
 import copy
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import numpy as np
 import torch
 
 from ..models import RankingModel, load_model, pad_documents
+from ..sidecar import BatchBuffer
 from ..types import Query, Text
 from .base import Reranker
 
@@ -20,9 +22,6 @@ logger = logging.getLogger(__name__)
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
 DEFAULT_MODEL = "minilm"
-# Parameters (name prefixes) a model uses in fp32 on purpose, with autocast disabled (TK's kernel pooling and its
-# final linears, see models/tk.py): they stay fp32 in the bf16 scoring copy, or those steps would meet bf16 weights.
-FP32_PARAMETERS = {"tk": ("log_weights.", "len_weights.", "combine.", "pooled_scale")}
 
 
 class ModelReranker(Reranker):
@@ -55,6 +54,7 @@ class ModelReranker(Reranker):
         self.cast_weights = cast_weights
         self._scoring_copy: RankingModel | None = None
         self._scoring_copy_of: tuple | None = None
+        self._buffers = threading.local()
 
     @property
     def scoring_model(self) -> RankingModel:
@@ -132,12 +132,21 @@ class ModelReranker(Reranker):
         scores = torch.empty(len(texts))
         # Group candidates of similar length so batches carry little padding.
         order = np.argsort(self.sidecar.lengths(rows), kind="stable")
+        buffer = self._batch_buffer()
         for start in range(0, len(order), self.batch_size):
             chunk = order[start:start + self.batch_size]
             # Under bf16 the stored rows go straight to bf16: no fp32 copy of the candidates is ever made.
-            docs, lengths = self.sidecar.get_batch(rows[chunk], dtype=PRECISIONS[self.precision] or torch.float32)
+            docs, lengths = self.sidecar.get_batch(rows[chunk], dtype=PRECISIONS[self.precision] or torch.float32,
+                                                   buffer=buffer)
             scores[torch.from_numpy(chunk)] = model.score(query_state, docs, lengths).float()
         return scores
+
+    def _batch_buffer(self) -> BatchBuffer:
+        """This thread's reusable batch memory (candidates of one batch are scored before the next is read)."""
+        buffer = getattr(self._buffers, "buffer", None)
+        if buffer is None:
+            buffer = self._buffers.buffer = BatchBuffer()
+        return buffer
 
     def _score_from_text(self, query_state: Any, texts: list[Text]) -> torch.Tensor:
         model = self.scoring_model
@@ -169,7 +178,7 @@ class ModelReranker(Reranker):
 
 def bf16_scoring_copy(model: RankingModel) -> RankingModel:
     """An inference copy of ``model`` with every floating parameter in bfloat16 except LayerNorm's γ and β and
-    the parameters of the model's deliberate fp32 steps (:data:`FP32_PARAMETERS`).
+    the parameters of the model's deliberate fp32 steps (``model.fp32_parameters``).
 
     Close to what CPU autocast computes, without its per-call weight casts: matmuls and attention run in bf16 as
     under autocast; LayerNorm keeps autocast's fp32 γ and β and normalises in fp32 (the CPU kernel accumulates bf16
@@ -179,10 +188,9 @@ def bf16_scoring_copy(model: RankingModel) -> RankingModel:
     """
     from torch import nn
 
-    fp32_prefixes = FP32_PARAMETERS.get(model.model_type, ())
     keep = {id(parameter) for module in model.modules() if isinstance(module, nn.LayerNorm)
             for parameter in module.parameters(recurse=False)}
-    keep |= {id(parameter) for name, parameter in model.named_parameters() if name.startswith(fp32_prefixes)}
+    keep |= {id(parameter) for name, parameter in model.named_parameters() if name.startswith(model.fp32_parameters)}
     # deepcopy takes objects already in its memo as they are: pre-seeding it with the cast parameters builds the
     # copy without a transient second fp32 model, and shares what must not be copied.
     memo: dict[int, Any] = {id(model.tokenizer): model.tokenizer}

@@ -15,12 +15,13 @@ from .format import (
     SidecarNotFoundError,
     read_manifest,
 )
-from .reader import SidecarReader, open_sidecar
+from .reader import BatchBuffer, SidecarReader, open_sidecar
 from .shards import ShardedSidecarReader, assemble_shards
 from .verify import verify_sidecar
 from .writer import SidecarWriter
 
 __all__ = [
+    "BatchBuffer",
     "FORMAT_VERSION",
     "Manifest",
     "SidecarCorruptError",

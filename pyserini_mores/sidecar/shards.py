@@ -42,7 +42,7 @@ from .format import (
     size_problems,
     write_json_atomic,
 )
-from .reader import ManifestMetadata, SidecarReader, _torch_dtype
+from .reader import BatchBuffer, ManifestMetadata, SidecarReader, _torch_dtype
 
 if TYPE_CHECKING:
     import torch
@@ -475,17 +475,21 @@ class ShardedSidecarReader(ManifestMetadata):
         return shard.get(int(local[0]))
 
     def get_batch(self, rows: Sequence[int] | np.ndarray, device: "str | torch.device" = "cpu",
-                  dtype: "torch.dtype | str | None" = "float32") -> tuple["torch.Tensor", "torch.Tensor"]:
+                  dtype: "torch.dtype | str | None" = "float32",
+                  buffer: "BatchBuffer | None" = None) -> tuple["torch.Tensor", "torch.Tensor"]:
         """Zero-padded ``docs [B, Lmax, dim]`` and ``lengths [B]`` of ``rows``, exactly as
-        :meth:`SidecarReader.get_batch` gives them for an unsharded sidecar (rows may span shards)."""
+        :meth:`SidecarReader.get_batch` gives them for an unsharded sidecar (rows may span shards). ``buffer`` is
+        used when the rows come from one shard (batches spanning shards are assembled in fresh memory)."""
         import torch
 
         rows = self._check_rows(rows)
-        parts = [(where, *shard.get_batch(local, dtype=None)) for shard, where, local in self._split(rows)]
+        split = self._split(rows)
+        if len(split) == 1:  # every row in one shard, in input order: its batch is already the answer
+            shard, _, local = split[0]
+            return shard.get_batch(local, device, dtype, buffer)
+        parts = [(where, *shard.get_batch(local, dtype=None)) for shard, where, local in split]
         if not parts:  # no rows: the empty batch of the stored dtype
             docs, lengths = self.shards[0].get_batch(rows, dtype=None)
-        elif len(parts) == 1:  # one shard in input order: its batch is already the answer
-            _, docs, lengths = parts[0]
         else:
             max_len = max(part_docs.shape[1] for _, part_docs, _ in parts)
             docs = torch.zeros((len(rows), max_len, self.dim), dtype=parts[0][1].dtype)

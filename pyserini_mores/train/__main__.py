@@ -59,6 +59,8 @@ def define_train_args(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--negatives-per-example", type=int, default=S, metavar="K",
                        help="negatives per training group (listwise; consecutive triples sharing query and "
                             "positive are pooled; default 1)")
+    model.add_argument("--batch-negatives", type=int, default=S, metavar="B",
+                       help="add the positives of B other groups of the batch as negatives of each group (default 0)")
     model.add_argument("--output", required=True, help="output directory (the model in save_pretrained format, "
                                                        "checkpoints, logs)")
     opt = parser.add_argument_group("optimisation")

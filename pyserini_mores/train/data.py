@@ -100,6 +100,28 @@ def load_groups(path: PathLike, negatives_per_group: int = 1, max_triples: int |
 
 
 # ---------------------------------------------------------------------------------------------------- batching
+def with_batch_negatives(groups: Sequence[TrainingGroup], count: int) -> list[TrainingGroup]:
+    """Each group with the positives of the next ``count`` groups of the batch (cyclically) added as negatives.
+
+    Mined negatives leave a shortcut: a passage relevant to *some* query tends to look unlike the ones BM25 returns
+    around it (on debian-packages, models that could not match learned that query-free prior: their pos > neg
+    accuracy was the same with every query swapped for another). Another query's positive has that look too, so only
+    matching the query separates it from the group's own positive. Borrowed positives are distinct, and one
+    identical to the group's own is skipped for the next.
+    """
+    if count == 0:
+        return list(groups)
+    extended = []
+    for index, group in enumerate(groups):
+        others = [groups[(index + step) % len(groups)].positive for step in range(1, len(groups))]
+        borrowed = [text for text in dict.fromkeys(others) if text != group.positive][:count]
+        # Too few other positives (a tiny batch, or one passage relevant to most of its queries): the group's own
+        # negatives fill the rest, so every group of the batch keeps the same size.
+        borrowed += [group.negatives[i % len(group.negatives)] for i in range(count - len(borrowed))]
+        extended.append(TrainingGroup(group.query, group.positive, group.negatives + tuple(borrowed)))
+    return extended
+
+
 
 
 def batch_group_size(groups: Sequence[TrainingGroup]) -> int:

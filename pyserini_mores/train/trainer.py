@@ -41,7 +41,7 @@ import torch
 from ..models import RankingModel, load_model, model_class
 from ..models.base import CONFIG_NAME, WEIGHTS_NAME
 from ._choices import LOSSES, SCHEDULERS, TRAIN_MODULES
-from .data import GroupCollator, TrainingGroup, load_groups
+from .data import GroupCollator, TrainingGroup, load_groups, with_batch_negatives
 from .objectives import RankingObjective, batch_to_device, count_parameters, parameter_groups, select_trainable
 
 logger = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ DEFAULT_LOSSES = {"mores": "pointwise", "cross-encoder": "pointwise", "prettr": 
 #: settings that change the trajectory of a run; --resume refuses to continue with different values
 RESUME_MUST_MATCH = ("model_type", "init", "triples", "loss", "model_args", "train_modules", "batch_size",
                      "grad_accum", "lr", "head_lr", "weight_decay", "warmup_steps", "scheduler", "margin",
-                     "negatives_per_example", "max_triples", "seed", "bf16", "max_grad_norm", "freeze_embeddings",
+                     "negatives_per_example", "batch_negatives", "max_triples", "seed", "bf16", "max_grad_norm", "freeze_embeddings",
                      "doc_sidecar")
 
 
@@ -86,6 +86,8 @@ class TrainingSettings:
         warmup_steps: linear warm-up steps (then ``scheduler``: linear decay to 0, constant, or cosine).
         head_lr: learning rate of new layers (score head, TK kernel weights); ``None`` = ``lr``.
         negatives_per_example: ``k``; consecutive triples sharing query and positive are pooled (listwise).
+        batch_negatives: ``b`` more negatives per group: the positives of other groups of the same micro-batch
+            (:func:`.data.with_batch_negatives`), so a group scores ``1 + k + b`` passages.
         eval_every: dev evaluation every this many steps and after the last (needs ``dev_topics``, ``dev_qrels``
             and ``dev_index`` or ``dev_run``); the best model by ``MRR@10`` becomes the output. 0/None: off.
         early_stopping_patience: stop after this many evaluations without improvement. 0/None: never.
@@ -114,6 +116,7 @@ class TrainingSettings:
     max_grad_norm: float | None = 1.0
     margin: float = 1.0
     negatives_per_example: int = 1
+    batch_negatives: int = 0
     max_triples: int | None = None
     bf16: bool = False
     seed: int = 42
@@ -152,6 +155,8 @@ class TrainingSettings:
                      "save_total_limit", "dev_depth"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+        if self.batch_negatives < 0:
+            raise ValueError(f"batch_negatives must be >= 0, not {self.batch_negatives}")
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError(f"max_steps must be at least 1, not {self.max_steps}")
         if self.max_steps is None and not self.epochs > 0:
@@ -162,6 +167,10 @@ class TrainingSettings:
         if self.groups_per_step % self.grad_accum:
             raise ValueError(f"{self.groups_per_step} groups per step do not split into grad_accum={self.grad_accum} "
                              "equal micro-batches")
+        if self.batch_negatives and self.groups_per_step // self.grad_accum <= self.batch_negatives:
+            raise ValueError(f"batch_negatives={self.batch_negatives} borrows positives from other groups of a "
+                             f"micro-batch, which holds {self.groups_per_step // self.grad_accum} groups; raise "
+                             "batch_size or lower grad_accum")
         if self.early_stopping_patience is not None and self.eval_every is None:
             raise ValueError("early_stopping_patience needs eval_every (and dev data)")
         if self.doc_sidecar is not None and (self.doc_index or self.dev_index) is None:
@@ -178,7 +187,7 @@ class TrainingSettings:
     @property
     def examples_per_group(self) -> int:
         """Training examples one group counts for in ``batch_size``."""
-        return 1 + self.negatives_per_example if self.loss == "pointwise" else 1
+        return 1 + self.negatives_per_example + self.batch_negatives if self.loss == "pointwise" else 1
 
     @property
     def groups_per_step(self) -> int:
@@ -470,7 +479,8 @@ def train(
             step_started = time.perf_counter()
             epoch, position = divmod(state.global_step, steps_per_epoch)
             indices = order(epoch)[position * settings.groups_per_step:(position + 1) * settings.groups_per_step]
-            micro_batches = [collate([groups[i] for i in indices[start:start + micro_groups]])
+            micro_batches = [collate(with_batch_negatives([groups[i] for i in indices[start:start + micro_groups]],
+                                                          settings.batch_negatives))
                              for start in range(0, len(indices), micro_groups)]
             step_loss = _forward_backward(objective, micro_batches, settings.bf16, device)
             if not math.isfinite(step_loss):
