@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._cls_only import TokenBlock, cls_only_attention
+from ._cls_only import TokenBlock, cls_only_attention, compute_dtype
 from ._layers import (
     Attention,
     BertDims,
@@ -377,7 +377,7 @@ class MoresModel(RankingModel):
             )
         device = query_state.hidden.device
         # one conversion of the stored rows (e.g. fp16) to the compute dtype; free when they already match
-        docs = docs.to(device=device, dtype=_compute_dtype(device, self.query_module.embeddings.norm.weight.dtype),
+        docs = docs.to(device=device, dtype=compute_dtype(self.query_module.embeddings.norm.weight),
                        non_blocking=True)
         doc_mask = key_padding_mask(lengths.to(device), docs.shape[1])
         if self.config.reuse == "s1":
@@ -542,13 +542,6 @@ class MoresModel(RankingModel):
         weights = query_mask[:, 0, 0, :].to(x.dtype)  # mean pooling over the real query rows [1|B, q]
         pooled = (x * weights[..., None]).sum(1) / weights.sum(1, keepdim=True)
         return self.interaction_module.head(pooled)
-
-
-def _compute_dtype(device: torch.device, parameter_dtype: torch.dtype) -> torch.dtype:
-    """The dtype stored documents should be in: the autocast dtype when autocast is on, else the weights'."""
-    if torch.is_autocast_enabled(device.type):
-        return torch.get_autocast_dtype(device.type)
-    return parameter_dtype
 
 
 def _sub_state(state: dict[str, torch.Tensor], prefix: str, strict: bool = False) -> dict[str, torch.Tensor]:
