@@ -10,6 +10,7 @@ import torch
 from pyserini_mores.models import load_model, pad_documents
 from pyserini_mores.models._layers import attention_mask_from_ids
 from pyserini_mores.models.mores import MoresConfig, MoresModel
+from pyserini_mores.sidecar.reader import head_major as head_major_batch
 
 QUERY = "what is a text editor"
 OTHER_QUERY = "how do debian packages get installed"
@@ -42,11 +43,18 @@ def dims_for(tiny_dims, n_blocks: int):
     return dataclasses.replace(tiny_dims, num_hidden_layers=max(tiny_dims.num_hidden_layers, n_blocks + 1))
 
 
-def stored_scores(model: MoresModel, query: str, documents: list[str], reuse: str) -> torch.Tensor:
+def stored_scores(model: MoresModel, query: str, documents: list[str], reuse: str,
+                  head_major: bool = False) -> torch.Tensor:
+    """Scores from stored representations; ``head_major``: laid out as ``get_batch(heads=model.stored_heads)``
+    gives them (Reuse-S2)."""
     model.set_reuse(reuse)
     reps = model.encode_documents(model.tokenize_documents(documents))
     assert all(rep.shape[1] == model.store_width for rep in reps)
-    return model.score(model.encode_query(model.tokenize_queries([query])), *pad_documents(reps))
+    docs, lengths = pad_documents(reps)
+    if head_major:
+        model.config.s2_reads = "heads"  # the tiny model's 8-wide heads would be read as stored under "auto"
+        docs = head_major_batch(docs, model.stored_heads)
+    return model.score(model.encode_query(model.tokenize_queries([query])), docs, lengths)
 
 
 @pytest.mark.parametrize("pooling", ["cls", "avg"])
@@ -59,9 +67,11 @@ def test_forward_equals_s1_equals_s2(tokenizer, tiny_dims, n_blocks, tied, pooli
         trained = model(model.tokenize_queries([QUERY] * len(DOCUMENTS)), model.tokenize_documents(DOCUMENTS))
         s1 = stored_scores(model, QUERY, DOCUMENTS, "s1")
         s2 = stored_scores(model, QUERY, DOCUMENTS, "s2")
+        s2_heads = stored_scores(model, QUERY, DOCUMENTS, "s2", head_major=True)
     assert trained.std() > 0.05  # the documents get clearly different scores
     torch.testing.assert_close(s1, trained, atol=1e-4, rtol=0)
     torch.testing.assert_close(s2, trained, atol=1e-4, rtol=0)
+    torch.testing.assert_close(s2_heads, s2, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("n_blocks", [1, 2])
@@ -141,10 +151,22 @@ def test_padding_invariance(tokenizer, tiny_dims, reuse):
 
 
 def test_wrong_store_width_is_refused(tokenizer, tiny_dims):
-    model = make_model(tiny_dims, tokenizer, reuse="s2")
+    model = make_model(tiny_dims, tokenizer, reuse="s2", s2_reads="heads")
     state = model.encode_query(model.tokenize_queries([QUERY]))
+    assert model.stored_heads == 2 * 2 * tiny_dims.num_attention_heads  # K = 2 blocks, keys and values
     with pytest.raises(ValueError, match="expects 128"):
         model.score(state, torch.zeros(2, 5, 32), torch.tensor([5, 3]))
+    with pytest.raises(ValueError, match=r"are 8 heads x 16 but .* expects 128 wide in 16 heads"):
+        model.score(state, torch.zeros(2, 8, 5, 16), torch.tensor([5, 3]))
+    model.config.s2_reads = "tokens"  # read as stored: token-major batches
+    assert model.stored_heads is None
+    model.config.s2_reads = "auto"  # the tiny model's heads are 8 wide: head-major would not pay
+    assert model.stored_heads is None
+    model.config.s2_reads = "heads"
+    model.set_reuse("s1")
+    assert model.stored_heads is None
+    with pytest.raises(ValueError, match=r"are 4 heads x 8 but .* expects 32 wide \(is the sidecar"):
+        model.score(state, torch.zeros(2, 4, 5, 8), torch.tensor([5, 3]))
 
 
 def test_config_validation(tiny_dims, tokenizer):
@@ -152,6 +174,8 @@ def test_config_validation(tiny_dims, tokenizer):
         MoresConfig(encoder=tiny_dims, pooling="max")
     with pytest.raises(ValueError, match="reuse"):
         MoresConfig(encoder=tiny_dims, reuse="s3")
+    with pytest.raises(ValueError, match="s2_reads"):
+        MoresConfig(encoder=tiny_dims, s2_reads="columns")
     with pytest.raises(ValueError, match="more layers"):
         MoresConfig(encoder=tiny_dims, n_interaction_blocks=4)
     config = MoresConfig(encoder=tiny_dims, n_interaction_blocks=3)

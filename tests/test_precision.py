@@ -45,11 +45,12 @@ def _spread_weights(model, seed: int = 0):
 
 def _model(kind: str, dims, tokenizer):
     torch.manual_seed(0)
-    if kind == "mores-s2":
+    if kind.startswith("mores-s2"):  # read head-major (BERT-base's default), or as stored with "-tokens"
         from pyserini_mores.models.mores import MoresConfig, MoresModel
 
+        reads = "tokens" if kind.endswith("-tokens") else "heads"
         return _spread_weights(MoresModel(MoresConfig(encoder=dims, n_interaction_blocks=2, reuse="s2",
-                                                      doc_max_length=64), tokenizer))
+                                                      doc_max_length=64, s2_reads=reads), tokenizer))
     if kind.startswith("prettr"):
         from pyserini_mores.models.prettr import PreTTRConfig, PreTTRModel
 
@@ -179,6 +180,34 @@ def test_bf16_weights_score_and_rank_like_fp32(tmp_path, tiny_dims, tokenizer, t
         for fp32, other in zip(scores["fp32"], scores[name]):
             assert _pair_agreement(fp32, other) >= PAIR_AGREEMENT, name
     assert deviation["bf16 weights"] <= AUTOCAST_FACTOR * deviation["autocast"], deviation
+
+
+@pytest.mark.parametrize("kind", ["mores-s2", "mores-s2-tokens", "prettr"])
+def test_sidecar_scores_equal_the_scores_from_text(tmp_path, tiny_dims, tokenizer, tiny_documents, kind):
+    """Through a real sidecar (MORES S2 read head-major or as stored) the reranker gives the text path's scores."""
+    texts = [doc["contents"] for doc in tiny_documents]
+    model = _model(kind, tiny_dims, tokenizer)
+    from_sidecar = ModelReranker(model, _sidecar(tmp_path, model, texts), precision="fp32")
+    from_text = ModelReranker(model, None, precision="fp32")
+    for query in QUERIES:
+        expected = _scores(from_text, query, texts)
+        assert expected.std() > 0.5
+        np.testing.assert_allclose(_scores(from_sidecar, query, texts), expected, atol=1e-5, rtol=0)
+
+
+def test_batch_memory_is_kept_between_queries_and_released_on_request(tmp_path, tiny_dims, tokenizer,
+                                                                       tiny_documents):
+    texts = [doc["contents"] for doc in tiny_documents]
+    model = _model("mores-s2", tiny_dims, tokenizer)
+    reranker = ModelReranker(model, _sidecar(tmp_path, model, texts), precision="fp32")
+    first = _scores(reranker, QUERIES[0], texts)
+    buffer = reranker._batch_buffer()
+    kept = buffer.take("stored", (1,), torch.float32).data_ptr()
+    _scores(reranker, QUERIES[1], texts)
+    assert reranker._batch_buffer() is buffer and buffer.take("stored", (1,), torch.float32).data_ptr() == kept
+    reranker.release_memory()
+    assert reranker._batch_buffer() is not buffer
+    np.testing.assert_array_equal(_scores(reranker, QUERIES[0], texts), first)
 
 
 def test_bf16_weights_read_the_sidecar_of_the_fp32_model(tiny_index, tiny_maxsim_dir, maxsim_sidecar):

@@ -153,6 +153,8 @@ def test_compressed_sidecar_round_trip(tmp_path, name):
             np.testing.assert_array_equal(reader.get(row), expected)
         bf16, _ = reader.get_batch(rows, dtype=torch.bfloat16)
         assert bf16.dtype == torch.bfloat16 and torch.equal(bf16, batch.to(torch.bfloat16))
+        heads, _ = reader.get_batch(rows, heads=2)  # decoded token-major, then split
+        assert torch.equal(heads, batch.unflatten(-1, (2, -1)).transpose(1, 2))
         # What the codes stand for: the written vectors. Within the training sample's range (here: its first 300
         # tokens) a scalar quantiser is off by at most half a step of that range; outside, it clamps.
         sample = np.concatenate(docs)[:300]

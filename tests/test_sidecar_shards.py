@@ -99,12 +99,14 @@ def test_sharded_reads_equal_the_unsharded_sidecar_byte_for_byte(sharded, shards
     np.testing.assert_array_equal(reader.lengths(), whole.lengths())
     rows = [19, 0, 7, 6, 13, 14, 7, 3]  # every shard, both sides of each boundary, out of order, a repeat
     for dtype in ("float32", None, torch.bfloat16):
-        docs, lengths = reader.get_batch(rows, dtype=dtype)
-        expected_docs, expected_lengths = whole.get_batch(rows, dtype=dtype)
-        assert docs.dtype == expected_docs.dtype and docs.shape == expected_docs.shape
-        assert torch.equal(docs, expected_docs) and torch.equal(lengths, expected_lengths)
-    one_shard = reader.get_batch([9, 8, 12])  # inside shard 1 only: returned as that shard read it
-    assert all(torch.equal(a, b) for a, b in zip(one_shard, whole.get_batch([9, 8, 12])))
+        for heads in (None, 4):
+            docs, lengths = reader.get_batch(rows, dtype=dtype, heads=heads)
+            expected_docs, expected_lengths = whole.get_batch(rows, dtype=dtype, heads=heads)
+            assert docs.dtype == expected_docs.dtype and docs.shape == expected_docs.shape
+            assert torch.equal(docs, expected_docs) and torch.equal(lengths, expected_lengths)
+    for heads in (None, 4):  # inside shard 1 only: returned as that shard read it
+        one_shard = reader.get_batch([9, 8, 12], heads=heads)
+        assert all(torch.equal(a, b) for a, b in zip(one_shard, whole.get_batch([9, 8, 12], heads=heads)))
     empty = reader.get_batch([])
     assert empty[0].shape == (0, 0, whole.dim) and empty[1].shape == (0,)
     assert np.array_equal(reader.get(14), whole.get(14))

@@ -106,6 +106,28 @@ def test_batches_in_a_reused_buffer_hold_the_rows_and_zero_padding(tmp_path, dty
                     assert not batch[i, LENGTHS[row]:].any(), "padding must be zeros"
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_head_major_batches_are_the_token_major_batch_split_into_heads(tmp_path, dtype):
+    """heads=3 on 6-wide rows: [B, 3, Lmax, 2], head h of slot j = columns 2h..2h+1 of row j, padding zero — also
+    through a reused buffer full of garbage from a longer batch."""
+    path = _write(tmp_path / dtype, _documents(), dtype=dtype)
+    buffer = BatchBuffer()
+    with SidecarReader(path) as reader:
+        buffer.take("stored", (64, 64, DIM), reader.get_batch([0], dtype=None)[0].dtype).fill_(float("nan"))
+        for rows in ([11, 3, 7, 0, 2], [5, 1, 0, 5, 11, 4, 2], [1, 4]):
+            token_major, lengths = reader.get_batch(rows, dtype=None)
+            batch, head_lengths = reader.get_batch(rows, dtype=None, buffer=buffer, heads=3)
+            assert batch.shape == (len(rows), 3, token_major.shape[1], DIM // 3)
+            assert torch.equal(head_lengths, lengths)
+            for i, row in enumerate(rows):
+                for head in range(3):
+                    expected = token_major[i, :, 2 * head:2 * head + 2]
+                    assert torch.equal(batch[i, head], expected), (row, head)
+                assert not batch[i, :, LENGTHS[row]:].any(), "padding must be zeros"
+        with pytest.raises(ValueError, match="cannot split 6-wide stored vectors into 4 equal heads"):
+            reader.get_batch([0], heads=4)
+
+
 def test_batches_of_only_empty_documents_and_an_all_empty_sidecar(tmp_path):
     docs = [np.zeros((0, DIM), np.float32)] * len(DOCIDS)
     path = _write(tmp_path / "empty", docs)

@@ -76,6 +76,10 @@ def variants_for(num_layers: int, compression_dim: int = PRETTR_COMPRESSION_DIM)
         for reuse in ("s1", "s2"):
             variants.append(Variant("mores", f"{blocks}xIB-{reuse}",
                                     (("n_interaction_blocks", blocks), ("reuse", reuse))))
+        # Reuse-S2 read as stored and head-major, beside the default ("auto" picks one by head width)
+        for reads in ("tokens", "heads"):
+            variants.append(Variant("mores", f"{blocks}xIB-s2-{reads}",
+                                    (("n_interaction_blocks", blocks), ("reuse", "s2"), ("s2_reads", reads))))
     for join in (num_layers - 1, num_layers - 2):
         if join < 0:
             continue

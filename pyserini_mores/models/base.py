@@ -77,6 +77,13 @@ class RankingModel(nn.Module):
         return None
 
     @property
+    def stored_heads(self) -> int | None:
+        """How :meth:`score` wants sidecar batches laid out: ``None``, token-major ``[B, Lmax, store_width]``; an
+        int ``h``, head-major ``[B, h, Lmax, store_width / h]`` (``SidecarReader.get_batch(heads=h)``), for stored
+        vectors that are attention keys and values. :meth:`score` accepts token-major batches either way."""
+        return None
+
+    @property
     def store_variant(self) -> str:
         """Names what is stored (e.g. ``s1``/``s2`` for MORES), part of the sidecar's identity."""
         return "default"

@@ -200,8 +200,8 @@ class SidecarReader(ManifestMetadata):
         return np.asarray(stored)
 
     def get_batch(self, rows: Sequence[int] | np.ndarray, device: "str | torch.device" = "cpu",
-                  dtype: "torch.dtype | str | None" = "float32",
-                  buffer: "BatchBuffer | None" = None) -> tuple["torch.Tensor", "torch.Tensor"]:
+                  dtype: "torch.dtype | str | None" = "float32", buffer: "BatchBuffer | None" = None,
+                  heads: int | None = None) -> tuple["torch.Tensor", "torch.Tensor"]:
         """Zero-padded vectors of ``rows`` (any order, repeats allowed) for scoring.
 
         Args:
@@ -211,20 +211,30 @@ class SidecarReader(ManifestMetadata):
                 or ``None`` for the stored precision (float32 for a compressed sidecar, whose codes are decoded).
             buffer: reusable memory for the batch (see :class:`BatchBuffer`); the returned ``docs`` then live in it
                 and stay valid until the next call with the same buffer.
+            heads: head-major batches (see :func:`head_major`): each stored vector is ``heads`` equal slices (MORES
+                Reuse-S2 stores every block's keys and values, attention heads side by side) and ``docs`` comes as
+                ``[B, heads, Lmax, dim / heads]``, every head's rows contiguous. The gather itself transposes, so
+                attention reads contiguous keys without a transposing copy of the batch.
 
         Returns:
-            ``docs [B, Lmax, dim]`` with zeros after each document's length, and ``lengths [B]`` (int64), both on
-            ``device``. ``Lmax`` is the longest of the batch (0 when every document is empty).
+            ``docs [B, Lmax, dim]`` (or head-major, above) with zeros after each document's length, and
+            ``lengths [B]`` (int64), both on ``device``. ``Lmax`` is the longest of the batch (0 when every document
+            is empty).
         """
         import torch
 
         rows = self._check_rows(rows)
+        _check_heads(heads, self.dim)
         starts = np.asarray(self.offsets[rows])
         lengths = np.asarray(self.offsets[rows + 1]) - starts
         max_len = int(lengths.max()) if len(rows) else 0
-        padded = self._gather_padded(starts, lengths, max_len, buffer)
-        if self.manifest.compressed:
+        if self.manifest.compressed:  # codes are decoded token-major, then transposed
+            padded = self._gather_padded(starts, lengths, max_len, buffer)
             padded = torch.from_numpy(self._decode_padded(padded.numpy(), lengths))
+            if heads is not None:
+                padded = head_major(padded, heads)
+        else:
+            padded = self._gather_padded(starts, lengths, max_len, buffer, heads)
         docs = padded.to(device)
         target = None if dtype is None else _torch_dtype(dtype)
         if target is not None and target != docs.dtype:
@@ -235,17 +245,23 @@ class SidecarReader(ManifestMetadata):
         return docs, torch.from_numpy(lengths.astype(np.int64)).to(device)
 
     def _gather_padded(self, starts: np.ndarray, lengths: np.ndarray, max_len: int,
-                       buffer: "BatchBuffer | None") -> "torch.Tensor":
-        """``[B, Lmax, width]`` stored rows (bfloat16 as such, codes as uint8) with zeros after each length.
+                       buffer: "BatchBuffer | None", heads: int | None = None) -> "torch.Tensor":
+        """``[B, Lmax, width]`` stored rows (bfloat16 as such, codes as uint8) with zeros after each length, or
+        ``[B, heads, Lmax, width / heads]`` when ``heads`` is given.
 
         Every document's rows are contiguous in ``tokens.bin``, so slot ``j`` of document ``i`` is row
         ``start_i + j``: one multi-threaded ``index_select`` straight from the memmap into the padded batch (padding
-        slots read the document's own rows and are zeroed after), instead of a gather and a scatter.
+        slots read the document's own rows and are zeroed after), instead of a gather and a scatter. Head-major, the
+        store is viewed as rows of one head slice (``heads`` per token) and the same ``index_select`` puts head
+        ``h`` of slot ``j`` at ``[i, h, j]``.
         """
         import torch
 
         tokens = self._torch_tokens()
-        shape = (len(starts), max_len, tokens.shape[1])
+        parts = heads or 1
+        width = tokens.shape[1] // parts
+        slot_shape = (len(starts), parts, max_len)
+        shape = (*slot_shape, width) if heads else (len(starts), max_len, width)
         if buffer is not None:
             padded = buffer.take("stored", shape, tokens.dtype)
         else:
@@ -255,10 +271,12 @@ class SidecarReader(ManifestMetadata):
         slots = np.arange(max_len)
         source = starts[:, None] + np.minimum(slots[None, :], np.maximum(lengths - 1, 0)[:, None])
         np.clip(source, 0, max(len(tokens) - 1, 0), out=source)  # empty documents may start past the last row
-        flat = padded.view(-1, shape[2])
+        # row of (document i, head h, slot j) in the store viewed as [num_tokens * parts, width]
+        source = source[:, None, :] * parts + np.arange(parts)[None, :, None]
+        flat = padded.view(-1, width)
         if len(tokens):
-            torch.index_select(tokens, 0, torch.from_numpy(source.reshape(-1)), out=flat)
-        padding = np.flatnonzero(slots[None, :] >= lengths[:, None])
+            torch.index_select(tokens.view(-1, width), 0, torch.from_numpy(source.reshape(-1)), out=flat)
+        padding = np.flatnonzero(np.broadcast_to(slots[None, None, :] >= lengths[:, None, None], slot_shape))
         if len(padding):
             flat.index_fill_(0, torch.from_numpy(padding), 0)
         return padded
@@ -349,6 +367,17 @@ class SidecarReader(ManifestMetadata):
                 raise IndexError(f"row {int(bad[0])} is out of range for sidecar {self.path} with "
                                  f"{self.num_docs} documents{hint}")
         return rows
+
+
+def head_major(docs: "torch.Tensor", heads: int) -> "torch.Tensor":
+    """``docs [B, L, dim]`` as ``[B, heads, L, dim / heads]`` (a contiguous copy): what ``get_batch(heads=...)``
+    returns, for batches assembled elsewhere (decoded codes, batches spanning shards)."""
+    return docs.unflatten(-1, (heads, -1)).transpose(1, 2).contiguous()
+
+
+def _check_heads(heads: int | None, dim: int) -> None:
+    if heads is not None and (heads <= 0 or dim % heads):
+        raise ValueError(f"cannot split {dim}-wide stored vectors into {heads} equal heads")
 
 
 class BatchBuffer:

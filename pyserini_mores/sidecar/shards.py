@@ -42,7 +42,7 @@ from .format import (
     size_problems,
     write_json_atomic,
 )
-from .reader import BatchBuffer, ManifestMetadata, SidecarReader, _torch_dtype
+from .reader import BatchBuffer, ManifestMetadata, SidecarReader, _check_heads, _torch_dtype, head_major
 
 if TYPE_CHECKING:
     import torch
@@ -475,18 +475,19 @@ class ShardedSidecarReader(ManifestMetadata):
         return shard.get(int(local[0]))
 
     def get_batch(self, rows: Sequence[int] | np.ndarray, device: "str | torch.device" = "cpu",
-                  dtype: "torch.dtype | str | None" = "float32",
-                  buffer: "BatchBuffer | None" = None) -> tuple["torch.Tensor", "torch.Tensor"]:
-        """Zero-padded ``docs [B, Lmax, dim]`` and ``lengths [B]`` of ``rows``, exactly as
+                  dtype: "torch.dtype | str | None" = "float32", buffer: "BatchBuffer | None" = None,
+                  heads: int | None = None) -> tuple["torch.Tensor", "torch.Tensor"]:
+        """Zero-padded ``docs [B, Lmax, dim]`` (or head-major) and ``lengths [B]`` of ``rows``, exactly as
         :meth:`SidecarReader.get_batch` gives them for an unsharded sidecar (rows may span shards). ``buffer`` is
         used when the rows come from one shard (batches spanning shards are assembled in fresh memory)."""
         import torch
 
         rows = self._check_rows(rows)
+        _check_heads(heads, self.dim)
         split = self._split(rows)
         if len(split) == 1:  # every row in one shard, in input order: its batch is already the answer
             shard, _, local = split[0]
-            return shard.get_batch(local, device, dtype, buffer)
+            return shard.get_batch(local, device, dtype, buffer, heads)
         parts = [(where, *shard.get_batch(local, dtype=None)) for shard, where, local in split]
         if not parts:  # no rows: the empty batch of the stored dtype
             docs, lengths = self.shards[0].get_batch(rows, dtype=None)
@@ -498,6 +499,8 @@ class ShardedSidecarReader(ManifestMetadata):
                 index = torch.from_numpy(where)
                 docs[index, :part_docs.shape[1]] = part_docs
                 lengths[index] = part_lengths
+        if heads is not None:
+            docs = head_major(docs, heads)
         docs = docs.to(device)
         if dtype is not None:
             docs = docs.to(_torch_dtype(dtype))
