@@ -40,8 +40,8 @@ def _documents(seed: int = 0) -> list[np.ndarray]:
     return np.split(vectors, np.cumsum(LENGTHS)[:-1])
 
 
-def _write(path, docs, codec, batch: int = 7, **options) -> SidecarWriter:
-    writer = SidecarWriter(path, dim=DIM, docids=DOCIDS, model=MODEL, index=INDEX, codec=codec,
+def _write(path, docs, codec, batch: int = 7, dtype: str = "float16", **options) -> SidecarWriter:
+    writer = SidecarWriter(path, dim=DIM, docids=DOCIDS, model=MODEL, index=INDEX, codec=codec, dtype=dtype,
                            codec_options=options or None, block_bytes=256)
     for start in range(writer.rows_done, len(docs), batch):
         writer.add(docs[start:start + batch])
@@ -261,6 +261,46 @@ def test_codec_options_need_a_codec(tmp_path):
                       codec_options={"pq_subquantizers": 4})
     with pytest.raises(ValueError, match="codec must be one of fp16, sq8, sq6, sq4, pq, not 'zstd'"):
         SidecarWriter(tmp_path / "x", dim=DIM, docids=DOCIDS, model=MODEL, index=INDEX, codec="zstd")
+
+
+# ---- transcoding a finished sidecar ------------------------------------------------------------------------------
+def test_transcode_gives_the_codes_a_build_would_and_keeps_the_identity(tmp_path, capsys):
+    """A float32 source transcoded to sq8 holds exactly what writing the same vectors with sq8 holds (the same codec,
+    trained on the same first tokens); back to float16 it holds the source rounded to float16."""
+    docs = _documents()
+    _write(tmp_path / "source", docs, None, dtype="float32")
+    _write(tmp_path / "direct-sq8", docs, "sq8")
+    assert sidecar_main(["transcode", str(tmp_path / "source"), "--output", str(tmp_path / "sq8"),
+                         "--codec", "sq8"]) == 0
+    assert f"sidecar written to {tmp_path / 'sq8'}" in capsys.readouterr().out
+    with open_sidecar(tmp_path / "sq8", expect_model_fingerprint=MODEL["fingerprint"], expect_dtype="sq8") as sq8, \
+            open_sidecar(tmp_path / "direct-sq8") as direct, open_sidecar(tmp_path / "source") as source:
+        assert np.array_equal(sq8.tokens, direct.tokens) and np.array_equal(sq8.offsets, source.offsets)
+        assert sq8.docids(range(len(DOCIDS))) == DOCIDS and sq8.index == source.index
+        assert sq8.manifest.build["transcoded_from"] == {"path": str(tmp_path / "source"), "dtype": "float32"}
+    assert verify_sidecar(tmp_path / "sq8") == []
+    assert sidecar_main(["transcode", str(tmp_path / "sq8"), "--output", str(tmp_path / "back"),
+                         "--dtype", "float16"]) == 0
+    with open_sidecar(tmp_path / "back", expect_dtype="float16") as back, open_sidecar(tmp_path / "sq8") as sq8:
+        for row in range(len(DOCIDS)):
+            np.testing.assert_array_equal(back.get(row), sq8.get(row).astype(np.float16).astype(np.float32))
+
+
+def test_transcode_refuses_its_source_an_existing_output_and_stray_options(tmp_path, capsys):
+    _write(tmp_path / "source", _documents(), None)
+    _write(tmp_path / "taken", _documents(), "sq4")
+    for output, extra, message in (
+            ("source", [], "is the source sidecar: transcode into another directory"),
+            ("taken", ["--codec", "sq8"], "already exists; pass overwrite=True to replace it"),
+            ("new", ["--codec", "sq8", "--pq-subquantizers", "4"], "--pq-subquantizers applies to --codec pq, not sq8"),
+            ("new", ["--codec", "pq", "--pq-subquantizers", "5"], "sub-quantisers M that divides the dim 16, not 5")):
+        assert sidecar_main(["transcode", str(tmp_path / "source"), "--output", str(tmp_path / output),
+                             *extra]) == 2
+        assert message in capsys.readouterr().err
+    assert open_sidecar(tmp_path / "taken").dtype == "sq4", "the existing sidecar is untouched"
+    assert not (tmp_path / "new").exists()
+    assert sidecar_main(["transcode", str(tmp_path / "missing"), "--output", str(tmp_path / "new")]) == 2
+    assert "missing" in capsys.readouterr().err
 
 
 # ---- a real model through the build command --------------------------------------------------------------------

@@ -1,7 +1,8 @@
-"""``python -m pyserini_mores.sidecar {info,verify,build,assemble}``: inspect, check, build and assemble sidecars.
+"""``python -m pyserini_mores.sidecar {info,verify,build,assemble,transcode}``: inspect, check, build, assemble
+and transcode sidecars.
 
-``info``, ``verify`` and ``assemble`` need neither torch nor the JVM; ``build`` imports :mod:`.build` only when it is
-the command.
+``info``, ``verify``, ``assemble`` and ``transcode`` need neither torch nor the JVM (``transcode`` needs faiss for a
+codec); ``build`` imports :mod:`.build` only when it is the command.
 """
 from __future__ import annotations
 
@@ -21,14 +22,15 @@ from .format import (
     short_hash,
     size_problems,
 )
+from .codecs import CODECS
 from .shards import ShardedManifest, is_sharded, read_sharded_manifest
 
 
 def build_parser(with_build: bool = False) -> argparse.ArgumentParser:
     """The CLI parser; the ``build`` options are added only when ``with_build`` (they import the build module)."""
     parser = argparse.ArgumentParser(prog="python -m pyserini_mores.sidecar",
-                                     description="Inspect, verify, build and assemble pyserini_mores sidecars.")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{info,verify,build,assemble}")
+                                     description="Inspect, verify, build, assemble and transcode pyserini_mores sidecars.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{info,verify,build,assemble,transcode}")
     info = commands.add_parser("info", help="summarize a sidecar (reads the manifest only)")
     info.add_argument("path", help="sidecar directory")
     info.add_argument("--json", action="store_true", help="print the manifest as JSON")
@@ -45,6 +47,20 @@ def build_parser(with_build: bool = False) -> argparse.ArgumentParser:
     assemble.add_argument("--output", required=True, help="directory of the sharded sidecar (its manifest only)")
     assemble.add_argument("shards", nargs="+", metavar="SHARD", help="shard directories, in any order")
     assemble.add_argument("--overwrite", action="store_true", help="replace an existing sharded manifest")
+    transcode = commands.add_parser(
+        "transcode", help="store a sidecar's vectors again with another codec or dtype, without the model")
+    transcode.add_argument("source", help="the sidecar to read")
+    transcode.add_argument("--output", required=True, help="directory of the new sidecar")
+    transcode.add_argument("--codec", choices=CODECS, default="fp16",
+                           help="fp16 stores vectors in --dtype; sq8/sq6/sq4 (faiss scalar quantisers, bits per "
+                                "value) and pq (product quantisation) are trained on the first tokens")
+    transcode.add_argument("--dtype", choices=["float16", "float32", "bfloat16"], default="float16",
+                           help="storage dtype with --codec fp16")
+    transcode.add_argument("--pq-subquantizers", type=int, metavar="M",
+                           help="--codec pq: sub-quantisers per vector = bytes per token (must divide the width)")
+    transcode.add_argument("--overwrite", action="store_true", help="replace an existing sidecar at --output")
+    transcode.add_argument("--restart", action="store_true",
+                           help="discard an interrupted transcode instead of resuming it")
     return parser
 
 
@@ -65,6 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _verify(args)
         if args.command in ("assemble", "merge"):
             return _assemble(args)
+        if args.command == "transcode":
+            return _transcode(args)
         from .build import run_build
 
         result = run_build(args)
@@ -122,6 +140,19 @@ def _info_sharded(args: argparse.Namespace) -> int:
     for problem in problems:
         print(f"warning: {problem}", file=sys.stderr)
     return 1 if problems else 0
+
+
+def _transcode(args: argparse.Namespace) -> int:
+    from .transcode import transcode_sidecar
+
+    options = {"pq_subquantizers": args.pq_subquantizers} if args.pq_subquantizers else None
+    if options and args.codec != "pq":
+        raise ValueError(f"--pq-subquantizers applies to --codec pq, not {args.codec}")
+    path = transcode_sidecar(args.source, args.output, codec=args.codec, dtype=args.dtype, codec_options=options,
+                             overwrite=args.overwrite, restart=args.restart)
+    print(f"sidecar written to {path}")
+    print(format_summary(read_manifest(path), path))
+    return 0
 
 
 def _assemble(args: argparse.Namespace) -> int:
