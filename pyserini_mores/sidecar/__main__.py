@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from .codecs import CODECS
 from .format import (
     MANIFEST,
     TOKENS,
@@ -22,15 +23,16 @@ from .format import (
     short_hash,
     size_problems,
 )
-from .codecs import CODECS
 from .shards import ShardedManifest, is_sharded, read_sharded_manifest
 
 
 def build_parser(with_build: bool = False) -> argparse.ArgumentParser:
     """The CLI parser; the ``build`` options are added only when ``with_build`` (they import the build module)."""
-    parser = argparse.ArgumentParser(prog="python -m pyserini_mores.sidecar",
-                                     description="Inspect, verify, build, assemble and transcode pyserini_mores sidecars.")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{info,verify,build,assemble,transcode}")
+    parser = argparse.ArgumentParser(
+        prog="python -m pyserini_mores.sidecar",
+        description="Inspect, verify, build, assemble and transcode pyserini_mores sidecars.")
+    commands = parser.add_subparsers(dest="command", required=True,
+                                     metavar="{info,verify,build,assemble,transcode}")
     info = commands.add_parser("info", help="summarize a sidecar (reads the manifest only)")
     info.add_argument("path", help="sidecar directory")
     info.add_argument("--json", action="store_true", help="print the manifest as JSON")
