@@ -338,8 +338,7 @@ class MoresModel(RankingModel):
         if self.config.reuse == "s1" or self.config.s2_reads == "tokens":
             return None
         encoder = self.config.encoder
-        head_dim = encoder.hidden_size // encoder.num_attention_heads
-        if self.config.s2_reads == "auto" and head_dim < HEAD_MAJOR_MIN_HEAD_DIM:
+        if self.config.s2_reads == "auto" and encoder.head_dim < HEAD_MAJOR_MIN_HEAD_DIM:
             return None
         return 2 * self.config.n_interaction_blocks * encoder.num_attention_heads
 

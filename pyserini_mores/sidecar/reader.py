@@ -271,8 +271,8 @@ class SidecarReader(ManifestMetadata):
         slots = np.arange(max_len)
         source = starts[:, None] + np.minimum(slots[None, :], np.maximum(lengths - 1, 0)[:, None])
         np.clip(source, 0, max(len(tokens) - 1, 0), out=source)  # empty documents may start past the last row
-        # row of (document i, head h, slot j) in the store viewed as [num_tokens * parts, width]
-        source = source[:, None, :] * parts + np.arange(parts)[None, :, None]
+        if heads:  # row of (document i, head h, slot j) in the store viewed as [num_tokens * heads, width]
+            source = source[:, None, :] * heads + np.arange(heads)[None, :, None]
         flat = padded.view(-1, width)
         if len(tokens):
             torch.index_select(tokens.view(-1, width), 0, torch.from_numpy(source.reshape(-1)), out=flat)

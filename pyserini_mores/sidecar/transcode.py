@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from .format import SidecarExistsError
 from .reader import open_sidecar
@@ -45,23 +46,15 @@ def transcode_sidecar(source: str | os.PathLike, output: str | os.PathLike, *, c
                                model=reader.model, index=reader.index, build=build, overwrite=overwrite,
                                restart=restart, codec=None if codec == "fp16" else codec,
                                codec_options=codec_options, commit_every_docs=batch_docs)
-        bar = _progress_bar(reader.num_docs, writer.rows_done, output.name) if progress else None
-        for start in range(writer.rows_done, reader.num_docs, batch_docs):
-            rows = range(start, min(start + batch_docs, reader.num_docs))
-            writer.add([np.asarray(reader.get(row), dtype=np.float32) for row in rows])
-            if bar is not None:
+        with tqdm(total=reader.num_docs, initial=writer.rows_done, unit="doc", desc=f"transcode {output.name}",
+                  disable=not progress) as bar:
+            for start in range(writer.rows_done, reader.num_docs, batch_docs):
+                rows = range(start, min(start + batch_docs, reader.num_docs))
+                writer.add([np.asarray(reader.get(row), dtype=np.float32) for row in rows])
                 bar.update(len(rows))
-        if bar is not None:
-            bar.close()
         return writer.finalize()
     finally:
         reader.close()
-
-
-def _progress_bar(total: int, done: int, name: str):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=done, unit="doc", desc=f"transcode {name}")
 
 
 __all__ = ["transcode_sidecar"]
