@@ -372,3 +372,71 @@ def test_scoring_under_bfloat16_autocast(tiny_dims, tokenizer, documents, compre
         scores = stored_scores(model, QUERY, documents)
     assert scores.dtype == torch.float32 and torch.isfinite(scores).all()
     torch.testing.assert_close(scores, reference, rtol=0, atol=0.1 * reference.abs().max().item())
+
+
+# ---- stored last-layer keys and values (reuse='kv', l = L - 1) -------------------------------------------------
+@pytest.mark.parametrize("compression_dim", [None, 8])
+@torch.no_grad()
+def test_stored_keys_and_values_score_like_the_block_diagonal_joint_forward(tiny_dims, tokenizer, documents,
+                                                                            compression_dim):
+    from pyserini_mores.sidecar.reader import head_major
+
+    model = make_model(tiny_dims, tokenizer, 3, compression_dim, reuse="kv")
+    docs = model.tokenize_documents(documents)
+    stored = model.encode_documents(docs)
+    assert model.store_width == 2 * tiny_dims.hidden_size and model.stored_heads == 2 * tiny_dims.num_attention_heads
+    assert all(rep.shape == (int(mask.sum()), model.store_width) for rep, mask in zip(stored, docs["attention_mask"]))
+    reference = model.joint_forward_masked(model.tokenize_queries([QUERY]), docs)
+    assert_spread(reference)
+    state = model.encode_query(model.tokenize_queries([QUERY]))
+    padded, lengths = pad_documents(stored)
+    torch.testing.assert_close(model.score(state, padded, lengths), reference, rtol=0, atol=ATOL)  # as stored
+    head_first = head_major(padded, model.stored_heads)  # as the sidecar reader gathers them
+    torch.testing.assert_close(model.score(state, head_first, lengths), reference, rtol=0, atol=ATOL)
+    torch.testing.assert_close(model.score_texts(QUERY, documents), reference, rtol=0, atol=ATOL)
+    # the keys are the first half: swapping the halves must change the scores
+    swapped = torch.cat([padded[..., model.store_width // 2:], padded[..., :model.store_width // 2]], -1)
+    assert (model.score(state, swapped, lengths) - reference).abs().max() > 100 * ATOL
+
+
+@torch.no_grad()
+def test_stored_keys_and_values_are_the_last_layers_projections_of_the_stored_states(tiny_dims, tokenizer, documents):
+    states_model = make_model(tiny_dims, tokenizer, 3)
+    kv_model = make_model(tiny_dims, tokenizer, 3, reuse="kv")  # same seed: the same weights
+    docs = states_model.tokenize_documents(documents)
+    last = states_model.encoder.layers[-1].attention
+    for states, kv in zip(states_model.encode_documents(docs), kv_model.encode_documents(docs)):
+        keys, values = last.project_keys_values(states)
+        torch.testing.assert_close(kv, torch.cat([keys, values], -1), rtol=0, atol=1e-6)
+
+
+def test_stored_keys_and_values_need_the_last_layer_to_be_the_only_joint_one(tiny_dims, tokenizer):
+    with pytest.raises(ValueError, match=r"reuse='kv' .* needs join_layer=3, not 2"):
+        make_model(tiny_dims, tokenizer, 2, reuse="kv")
+    with pytest.raises(ValueError, match="reuse must be one of states, kv, not 'keys'"):
+        make_model(tiny_dims, tokenizer, 3, reuse="keys")
+    model = make_model(tiny_dims, tokenizer, 3, reuse="kv")
+    state = model.encode_query(model.tokenize_queries([QUERY]))
+    with pytest.raises(ValueError, match=r"stored keys and values come as \[B, 8, Lmax, head_dim\]"):
+        model.score(state, torch.zeros(2, 4, 5, 16), torch.tensor([5, 3]))
+
+
+def test_store_fingerprint_of_keys_and_values_covers_the_last_layers_projections(tiny_dims, tokenizer):
+    states_model = make_model(tiny_dims, tokenizer, 3, compression_dim=8)
+    model = make_model(tiny_dims, tokenizer, 3, compression_dim=8, reuse="kv")
+    assert model.store_variant == "l3-e8-kv" and states_model.store_variant == "l3-e8"
+    assert "reuse" not in states_model.store_config()  # state sidecars built before 'kv' existed stay valid
+    assert model.store_fingerprint() != states_model.store_fingerprint()
+
+    def changed(tensor_name: str) -> bool:
+        before = model.store_fingerprint()
+        with torch.no_grad():
+            model.get_parameter(tensor_name).add_(0.01)
+        return model.store_fingerprint() != before
+
+    assert changed("encoder.layers.3.attention.key.weight") and changed("encoder.layers.3.attention.value.bias")
+    assert changed("compressor.decompress.weight") and changed("compressor.norm.weight")
+    assert changed("encoder.layers.2.ffn.output.bias")
+    assert not changed("encoder.layers.3.attention.query.weight")  # the [CLS] query runs online
+    assert not changed("encoder.layers.3.ffn.intermediate.weight")
+    assert not changed("head.weight")

@@ -55,9 +55,10 @@ def _model(kind: str, dims, tokenizer):
         from pyserini_mores.models.prettr import PreTTRConfig, PreTTRModel
 
         compression = 16 if kind.endswith("e16") else None
+        reuse = "kv" if kind.endswith("-kv") else "states"  # the last layer's keys and values, read head-major
         return _spread_weights(PreTTRModel(PreTTRConfig(encoder=dims, join_layer=dims.num_hidden_layers - 1,
                                                         compression_dim=compression, query_max_length=12,
-                                                        doc_max_length=64), tokenizer))
+                                                        doc_max_length=64, reuse=reuse), tokenizer))
     if kind == "tk":
         from pyserini_mores.models.tk import TKConfig, TKModel
 
@@ -138,7 +139,7 @@ def test_the_copy_is_made_once_and_only_for_bf16(tiny_dims, tokenizer):
     model = _model("mores-s2", tiny_dims, tokenizer)
     assert ModelReranker(model, precision="fp32").scoring_model is model
     assert ModelReranker(model, precision="bf16", cast_weights=False).scoring_model is model
-    reranker = ModelReranker(model, precision="bf16")
+    reranker = ModelReranker(model, precision="bf16", cast_weights=True)
     first = reranker.scoring_model
     assert first is not model and first.interaction_module.head.weight.dtype == torch.bfloat16
     _scores(reranker, QUERIES[0], ["a text editor", "the kernel"])
@@ -148,24 +149,33 @@ def test_the_copy_is_made_once_and_only_for_bf16(tiny_dims, tokenizer):
 def test_the_copy_follows_weight_changes(tiny_dims, tokenizer, tiny_documents):
     texts = [doc["contents"] for doc in tiny_documents[:8]]
     model = _model("mores-s2", tiny_dims, tokenizer)
-    reranker = ModelReranker(model, precision="bf16")
+    reranker = ModelReranker(model, precision="bf16", cast_weights=True)
     before = _scores(reranker, QUERIES[0], texts)
     other = _spread_weights(_model("mores-s2", tiny_dims, tokenizer), seed=1)
     model.load_state_dict(other.state_dict())  # in place: what loading a checkpoint into a live model does
     after = _scores(reranker, QUERIES[0], texts)
-    fresh = _scores(ModelReranker(other, precision="bf16"), QUERIES[0], texts)
+    fresh = _scores(ModelReranker(other, precision="bf16", cast_weights=True), QUERIES[0], texts)
     np.testing.assert_array_equal(after, fresh)
     assert not np.allclose(after, before)
 
 
+def test_each_model_chooses_its_bf16_path_unless_the_caller_does(tiny_dims, tokenizer):
+    """MORES scores bf16 under autocast alone (its bf16 weight copy cost ranking quality, see models/mores.py);
+    the others cast their weights once. An explicit cast_weights wins either way."""
+    for kind, copies in (("mores-s2", False), ("prettr", True), ("tk", True), ("cross-encoder", True)):
+        model = _model(kind, tiny_dims, tokenizer)
+        assert (ModelReranker(model, precision="bf16").scoring_model is not model) == copies, kind
+        assert ModelReranker(model, precision="bf16", cast_weights=not copies).cast_weights == (not copies), kind
+
+
 # ---- scores ------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("kind", ["mores-s2", "prettr", "prettr-e16", "tk", "cross-encoder"])
+@pytest.mark.parametrize("kind", ["mores-s2", "prettr", "prettr-e16", "prettr-kv", "tk", "cross-encoder"])
 def test_bf16_weights_score_and_rank_like_fp32(tmp_path, tiny_dims, tokenizer, tiny_documents, kind):
     texts = [doc["contents"] for doc in tiny_documents]
     model = _model(kind, tiny_dims, tokenizer)
     sidecar = _sidecar(tmp_path, model, texts) if model.store_width is not None else None
     rerankers = {"fp32": ModelReranker(model, sidecar, precision="fp32"),
-                 "bf16 weights": ModelReranker(model, sidecar, precision="bf16"),
+                 "bf16 weights": ModelReranker(model, sidecar, precision="bf16", cast_weights=True),
                  "autocast": ModelReranker(model, sidecar, precision="bf16", cast_weights=False)}
     scores = {name: [_scores(reranker, query, texts) for query in QUERIES] for name, reranker in rerankers.items()}
     reference = np.concatenate(scores["fp32"])
@@ -182,9 +192,10 @@ def test_bf16_weights_score_and_rank_like_fp32(tmp_path, tiny_dims, tokenizer, t
     assert deviation["bf16 weights"] <= AUTOCAST_FACTOR * deviation["autocast"], deviation
 
 
-@pytest.mark.parametrize("kind", ["mores-s2", "mores-s2-tokens", "prettr"])
+@pytest.mark.parametrize("kind", ["mores-s2", "mores-s2-tokens", "prettr", "prettr-kv"])
 def test_sidecar_scores_equal_the_scores_from_text(tmp_path, tiny_dims, tokenizer, tiny_documents, kind):
-    """Through a real sidecar (MORES S2 read head-major or as stored) the reranker gives the text path's scores."""
+    """Through a real sidecar (MORES S2 read head-major or as stored, PreTTR's stored keys and values read
+    head-major) the reranker gives the text path's scores."""
     texts = [doc["contents"] for doc in tiny_documents]
     model = _model(kind, tiny_dims, tokenizer)
     from_sidecar = ModelReranker(model, _sidecar(tmp_path, model, texts), precision="fp32")
@@ -243,13 +254,46 @@ def test_bench_times_bf16_weights_and_autocast_side_by_side(tmp_path):
     from pyserini_mores.bench.runner import BenchConfig, run_benchmark
 
     config = BenchConfig(backbones=["tiny"], doc_lens=[16], models=["mores:1xIB-s2"],
-                         precisions=["bf16", "bf16-autocast"], candidates=10, repetitions=1,
+                         precisions=["bf16-copy", "bf16-autocast"], candidates=10, repetitions=1,
                          work_dir=str(tmp_path), peak_sizes=(64,), peak_repetitions=1)
     records = {record["precision"]: record for record in run_benchmark(config)["results"]}
-    assert set(records) == {"bf16", "bf16-autocast"}
+    assert set(records) == {"bf16-copy", "bf16-autocast"}
     for record in records.values():
         # the query is encoded by the model that scores: its time is seen through the bf16 copy too
         assert record["query_encode_ms_median"] > 0 and record["ms_per_query_median"] > 0
         assert record["peak_fraction"] is not None
     with pytest.raises(ValueError, match="unknown precision"):
         BenchConfig(backbones=["tiny"], precisions=["fp16"])
+
+
+# ---- the score head stays fp32 ------------------------------------------------------------------------------------
+def test_the_score_head_runs_in_fp32_under_autocast_and_with_bf16_weights():
+    from pyserini_mores.models._layers import score_head
+
+    import copy
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(32, 2)
+    pooled = torch.randn(1, 32).repeat(2, 1)
+    pooled[1] += 1e-4 * torch.randn(32)  # two candidates closer than bf16 can tell apart
+    expected = torch.nn.functional.linear(pooled, head.weight, head.bias)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        plain = head(pooled)
+        logits = score_head(head, pooled)
+        from_bf16_weights = score_head(copy.deepcopy(head).to(torch.bfloat16), pooled)
+    assert plain.dtype == torch.bfloat16 and torch.equal(plain[0], plain[1]), "autocast alone would tie them"
+    assert logits.dtype == torch.float32 and not torch.equal(logits[0], logits[1])
+    torch.testing.assert_close(logits, expected, rtol=0, atol=1e-6)
+    assert from_bf16_weights.dtype == torch.float32 and not torch.equal(from_bf16_weights[0], from_bf16_weights[1])
+
+
+@pytest.mark.parametrize("kind", ["mores-s2", "prettr", "cross-encoder"])
+def test_bf16_scores_are_not_rounded_to_bf16(tmp_path, tiny_dims, tokenizer, tiny_documents, kind):
+    """A score rounded to bf16 (8 significant bits) ties with its neighbours; the heads run in fp32 instead."""
+    texts = [doc["contents"] for doc in tiny_documents]
+    model = _model(kind, tiny_dims, tokenizer)
+    sidecar = _sidecar(tmp_path, model, texts) if model.store_width is not None else None
+    for cast_weights in (False, True):
+        scores = torch.from_numpy(_scores(ModelReranker(model, sidecar, precision="bf16", cast_weights=cast_weights),
+                                          QUERIES[1], texts))
+        assert not torch.equal(scores, scores.bfloat16().float()), (kind, cast_weights)

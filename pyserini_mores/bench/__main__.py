@@ -2,12 +2,12 @@
 
 For each backbone (BERT-base dims with random weights, and the real MiniLM), document length and precision, it builds
 each model at the same dims — the cross-encoder, MORES 1×IB/2×IB with Reuse-S1/S2, PreTTR at l = L−1 and L−2 with and
-without compression (e = 128), TK-2 ctx/online — writes each precomputing model's sidecar to a temporary directory
-(fp16, real files, random rows of the exact stored shape), and times ModelReranker.rerank on one query of 16 tokens
-against 1000 candidates (query encoding, sidecar reads, scoring, sorting): median of the timed repetitions after
-warm-up. It reports the speed-up over the cross-encoder, sidecar bytes per document, peak RSS, achieved GFLOP/s from
-an analytic FLOP count (pyserini_mores.bench.flops) against the fp32/bf16 GEMM peak measured in the same run, and
-the FLOP-ratio limit of each speed-up. Runs that would exceed --max-rep-seconds are timed on fewer candidates and
+without compression (e = 128) and at l = L−1 with its last layer's keys and values stored, TK-2 ctx/online — writes
+each precomputing model's sidecar to a temporary directory (fp16, real files, random rows of the exact stored shape),
+and times ModelReranker.rerank on one query of 16 tokens against 1000 candidates (query encoding, sidecar reads,
+scoring, sorting): median of the timed repetitions after warm-up. It reports the speed-up over the cross-encoder,
+sidecar bytes per document, peak RSS, achieved GFLOP/s from an analytic FLOP count (pyserini_mores.bench.flops)
+against the fp32/bf16 GEMM peak measured in the same run, and the FLOP-ratio limit of each speed-up. Runs that would exceed --max-rep-seconds are timed on fewer candidates and
 scaled linearly (marked * in the table, "extrapolated_from" in the JSON).
 
 Example:
@@ -44,11 +44,11 @@ def define_bench_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--candidates", type=int, default=1000, help="candidates per query (default: 1000)")
     parser.add_argument("--repetitions", type=int, default=None,
                         help="timed repetitions after warm-up, the median is reported (default: 5; --quick: 3)")
-    parser.add_argument("--precision", nargs="+", choices=["fp32", "bf16", "bf16-autocast", "both"],
+    parser.add_argument("--precision", nargs="+", choices=["fp32", "bf16", "bf16-copy", "bf16-autocast", "both"],
                         default=["both"],
-                        help="compute precision(s): fp32, bf16 (as --precision bf16 of the search CLI: bf16 weights "
-                             "cast once), bf16-autocast (autocast over fp32 weights, the earlier bf16 path), both "
-                             "(= fp32 bf16; the default)")
+                        help="compute precision(s): fp32, bf16 (as --precision bf16 of the search CLI: weights cast "
+                             "to bf16 once, or autocast alone for MORES), bf16-copy / bf16-autocast (force one of "
+                             "those two paths, to time them side by side), both (= fp32 bf16; the default)")
     parser.add_argument("--batch-size", type=int, default=250,
                         help="candidates per model batch, the same for every model (ModelReranker's default: 250)")
     parser.add_argument("--max-rep-seconds", type=float, default=None, metavar="S",

@@ -32,6 +32,8 @@ Notation: ``n`` hidden width, ``f`` FFN width, ``h`` heads, ``L`` layers, ``q`` 
       logits); candidate ``2·h·d·n + 2·h·(q+d)·n + 4·n² + 4·n·f + 4n`` (+ ``2·d·e·n`` decompression if ``e``).
     - ``l = L−1``, compressed ``e < n`` (attention in code space, ``CompressedTokenBlock``): batch
       ``4·n² + 2·h·q·n + 2·h·n·e``; candidate ``2·d·e² + 4·h·d·e + 2·h·e·n + 2·h·q·n + 4·n² + 4·n·f + 4n``.
+    - ``l = L−1``, stored keys and values (``reuse='kv'``): batch ``2·n² + 4·q·n² + 2·q·n`` ([CLS] query, the
+      query block's keys and values and logits); candidate ``2·q·n + 4·d·n + 2·n² + 4·n·f + 4n``.
     - ``l < L−1``: candidate ``[2·d·e·n] + (L−1−l)·layer(T) + 8·n² + 4·h·T·n + 4·n·f + 4n``.
 * TK (embedding ``m``, ``Lt`` layers of ``H`` heads × ``hd`` (``A = H·hd``), FFN ``F``, ``K`` kernels): layer over
   ``T`` terms ``tk_layer(T) = 4·T·m·F + 8·T·m·A + 4·T²·A``. Query: ``Lt·tk_layer(q)`` (``online``: once per batch,
@@ -168,10 +170,11 @@ def mores_flops(shape: EncoderShape, query_tokens: int, doc_tokens: int, interac
 
 
 def prettr_flops(shape: EncoderShape, query_tokens: int, doc_tokens: int, join_layer: int,
-                 compression_dim: int | None = None) -> FlopCount:
+                 compression_dim: int | None = None, reuse: str = "states") -> FlopCount:
     """PreTTR: layers ``1..l`` of the query once; ``l+1..L`` per candidate, the last one [CLS]-only.
 
-    ``query_tokens`` = the query block ``Qb``; ``doc_tokens`` = the stored ``d [SEP]`` tokens.
+    ``query_tokens`` = the query block ``Qb``; ``doc_tokens`` = the stored ``d [SEP]`` tokens; ``reuse='kv'``: the
+    documents' last-layer keys and values are stored (``l = L−1`` only).
     """
     n, f, h, L = shape.hidden, shape.ffn, shape.heads, shape.layers
     q, d, e = query_tokens, doc_tokens, compression_dim
@@ -180,9 +183,21 @@ def prettr_flops(shape: EncoderShape, query_tokens: int, doc_tokens: int, join_l
     terms = [Term("query_layers", join_layer * bert_layer(q, shape), "query")]
     if e:
         terms.append(Term("query_compress_roundtrip", linear(q, n, e) + linear(q, e, n), "query"))
-    # The [CLS]-only last layer's tail: value folding, output projection, one FFN row, head.
-    tail = [Term("last_value_fold", 2 * h * (n // h) * n), Term("last_output", linear(1, n, n)),
-            Term("last_ffn", linear(1, n, f) + linear(1, f, n)), Term("head", linear(1, n, 2))]
+    # The [CLS]-only last layer's tail: output projection, one FFN row, head.
+    tail = [Term("last_output", linear(1, n, n)), Term("last_ffn", linear(1, n, f) + linear(1, f, n)),
+            Term("head", linear(1, n, 2))]
+    if reuse == "kv":
+        if join_layer != L - 1:
+            raise ValueError(f"stored keys and values need join_layer = {L - 1}, not {join_layer}")
+        return FlopCount(tuple(terms + [
+            Term("last_cls_query_projection", linear(1, n, n), "batch"),
+            Term("last_query_block_keys_values", linear(q, n, 2 * n), "batch"),
+            Term("last_query_block_logits", 2 * q * n, "batch"),
+            Term("last_query_block_pool", 2 * q * n),
+            Term("last_doc_logits", 2 * d * n),
+            Term("last_doc_pool", 2 * d * n),
+        ] + tail))
+    tail.insert(0, Term("last_value_fold", 2 * h * (n // h) * n))  # keys and values folded into the query
     if join_layer == L - 1:
         terms += [Term("last_cls_query_projection", linear(1, n, n), "batch"),
                   Term("last_key_fold", 2 * h * (n // h) * n, "batch"),

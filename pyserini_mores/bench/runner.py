@@ -28,9 +28,11 @@ from . import machine, workload
 logger = logging.getLogger(__name__)
 
 PRECISIONS = ("fp32", "bf16")
-# Precisions a run may measure: bf16-autocast is bf16 as it was before the weights were cast once (autocast over fp32
-# weights, ModelReranker(cast_weights=False)), kept so the two can be timed side by side. Its GEMM peak is bf16's.
-BENCH_PRECISIONS = PRECISIONS + ("bf16-autocast",)
+# Precisions a run may measure: bf16 is the search CLI's bf16 (each model's own choice of path); bf16-copy and
+# bf16-autocast force one path — weights cast to bf16 once, or autocast over fp32 weights — so the two can be timed
+# side by side (ModelReranker's cast_weights). Their GEMM peak is bf16's.
+FORCED_BF16_PATHS = {"bf16-copy": True, "bf16-autocast": False}
+BENCH_PRECISIONS = PRECISIONS + tuple(FORCED_BF16_PATHS)
 
 
 @dataclass
@@ -221,7 +223,7 @@ def _time_reranker(model, reader, candidates: list, query_text: str, precision: 
     from ..types import Query
 
     reranker = ModelReranker(model, reader, batch_size=config.batch_size, precision=_compute_precision(precision),
-                             cast_weights=precision != "bf16-autocast")
+                             cast_weights=FORCED_BF16_PATHS.get(precision))
     # The bf16 weight copy is made once per reranker, before any timed run (a one-off, like loading the model).
     scorer = reranker.scoring_model
     query = Query(query_text, id="bench")
@@ -299,7 +301,7 @@ def _time_reranker(model, reader, candidates: list, query_text: str, precision: 
 
 def _compute_precision(precision: str) -> str:
     """The ModelReranker precision (and GEMM peak) of a benchmark precision."""
-    return "bf16" if precision == "bf16-autocast" else precision
+    return "bf16" if precision in FORCED_BF16_PATHS else precision
 
 
 __all__ = ["BenchConfig", "run_benchmark", "add_speedups", "PRECISIONS", "BENCH_PRECISIONS"]

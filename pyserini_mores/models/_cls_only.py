@@ -106,10 +106,55 @@ def cls_only_attention(
     return ffn(attended)
 
 
+def cls_only_attention_stored(layer: TransformerLayer, cls: torch.Tensor, query_block: TokenBlock,
+                              doc_keys: torch.Tensor, doc_values: torch.Tensor, doc_mask: torch.Tensor) -> torch.Tensor:
+    """The [CLS] row of ``layer`` over a query block followed by documents whose keys and values in this layer are
+    already projected (stored): ``[B, n]``, equal to :func:`cls_only_layer` on the query block and the documents'
+    input states.
+
+    Args:
+        cls: ``[1|B, n]`` the [CLS] input state.
+        query_block: the tokens before the documents (batch 1: their keys and values are projected once here).
+        doc_keys, doc_values: ``[B, h, T, n/h]`` head-major, biases included, in the compute dtype.
+        doc_mask: ``[B, T]`` bool, True on real tokens.
+
+    Per head and token this is one dot product and one multiply-add of ``n/h`` values: ``2·n`` per token over all
+    heads, against ``2·h·n`` when the keys and values are folded into the query (:func:`cls_only_attention`).
+    The key biases shift every logit of a head by the same amount, so keeping them (stored keys include them) or
+    dropping them (folding) gives the same softmax.
+    """
+    attention = layer.attention
+    heads, head_dim = attention.num_heads, attention.head_dim
+    batch = max(cls.shape[0], doc_keys.shape[0])
+    queries = attention.query(cls).view(-1, heads, head_dim, 1) / math.sqrt(head_dim)  # [Bc, h, dh, 1]
+    query_keys, query_values = (attention.split_heads(projection) for projection in
+                                attention.project_keys_values(query_block.states))  # [1|B, h, Tq, dh]
+    queries = queries.to(doc_keys.dtype)
+    blocks = ((query_keys.to(doc_keys.dtype), query_values.to(doc_keys.dtype), query_block.mask),
+              (doc_keys, doc_values, doc_mask))
+    logits = []
+    for keys, _, mask in blocks:
+        block_logits = torch.matmul(keys, queries).squeeze(-1).float()  # [Bb, h, T]
+        block_logits = block_logits.masked_fill(~mask[:, None, :], torch.finfo(block_logits.dtype).min)
+        logits.append(block_logits.expand(batch, -1, -1))
+    probabilities = torch.cat(logits, -1).softmax(-1)  # [B, h, Tq + T]
+    probabilities = F.dropout(probabilities, attention.attention_dropout, attention.training)
+    context, start = 0, 0
+    for keys, values, _ in blocks:
+        length = keys.shape[2]
+        weights = probabilities[:, :, None, start:start + length].to(values.dtype)  # [B, h, 1, T]
+        context = context + torch.matmul(weights, values).float()  # [B, h, 1, dh]
+        start += length
+    context = context.reshape(batch, heads * head_dim).to(compute_dtype(attention.output.weight))
+    attended = attention.norm(cls + attention.dropout(attention.output(context)))
+    return layer.ffn(attended)
+
+
 def cls_only_layer(layer: TransformerLayer, cls: torch.Tensor,
                    blocks: list[AttendedBlock | tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     """:func:`cls_only_attention` of a BERT layer: ``[B, n]`` equal to ``layer(cat(states), mask)[:, 0]``."""
     return cls_only_attention(layer.attention, layer.ffn, cls, blocks)
 
 
-__all__ = ["AttendedBlock", "TokenBlock", "cls_only_attention", "cls_only_layer", "compute_dtype"]
+__all__ = ["AttendedBlock", "TokenBlock", "cls_only_attention", "cls_only_attention_stored", "cls_only_layer",
+           "compute_dtype"]

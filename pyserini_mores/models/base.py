@@ -64,6 +64,9 @@ class RankingModel(nn.Module):
     #: name prefixes of parameters used in fp32 on purpose, with autocast disabled: a bf16 scoring copy keeps them
     #: fp32, or those steps would meet bf16 weights
     fp32_parameters: ClassVar[tuple[str, ...]] = ()
+    #: under bf16, a reranker scores with a copy of the weights cast to bf16 once (``True``) or with autocast alone
+    #: (``False``): the copy's residual stream stays bf16 between layers, which some models' rankings feel
+    bf16_weight_copy: ClassVar[bool] = True
 
     def __init__(self, config: RankingConfig, tokenizer):
         super().__init__()

@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 
 from ._cls_only import cls_only_layer
-from ._layers import BertEncoder, attention_mask_from_ids, load_bert_weights
+from ._layers import BertEncoder, attention_mask_from_ids, load_bert_weights, score_head
 from .backbones import DEFAULT_BACKBONE, load_backbone
 from .base import RankingConfig, RankingModel
 from .losses import ranking_scores
@@ -99,7 +99,7 @@ class CrossEncoder(RankingModel):
         encoder = self.encoder
         x = encoder.embeddings(input_ids, token_type_ids)
         x = encoder.run_layers(x, attention_mask_from_ids(attention_mask), 0, len(encoder.layers) - 1)
-        return self.head(cls_only_layer(encoder.layers[-1], x[:, 0], [(x, attention_mask.bool())]))
+        return score_head(self.head, cls_only_layer(encoder.layers[-1], x[:, 0], [(x, attention_mask.bool())]))
 
     @torch.no_grad()
     def score_texts(self, query: str, documents: list[str], batch_size: int | None = None) -> torch.Tensor:

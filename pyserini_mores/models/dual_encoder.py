@@ -77,4 +77,5 @@ def _maxsim(query_vectors, query_mask, docs, doc_lengths) -> torch.Tensor:
     similarity = torch.matmul(query_vectors, docs.transpose(1, 2))  # [B, q, L]
     doc_mask = key_padding_mask(doc_lengths, docs.shape[1])[:, 0]  # [B, 1, L]
     best = similarity.masked_fill(~doc_mask, torch.finfo(similarity.dtype).min).amax(-1)  # [B, q]
-    return (best * query_mask.to(best.dtype)).sum(-1)
+    # summed in fp32: a bf16 sum of q maxima keeps 8 significant bits, and close candidates would tie
+    return (best.float() * query_mask.float()).sum(-1)

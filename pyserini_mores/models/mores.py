@@ -58,6 +58,7 @@ from ._layers import (
     convert_hf_bert_state_dict,
     key_padding_mask,
     load_bert_weights,
+    score_head,
 )
 from .backbones import DEFAULT_BACKBONE, load_backbone
 from .base import CONFIG_NAME, WEIGHTS_NAME, RankingConfig, RankingModel, check_tokenizer_files
@@ -262,6 +263,12 @@ class MoresModel(RankingModel):
 
     model_type = "mores"
     config_class = MoresConfig
+    # bf16 scores with autocast alone: the bf16 weight copy keeps the query rows' residual stream in bf16 through
+    # L-K layers and K blocks. Trained debian MORES 2xIB, 1,000 dev queries x BM25 top 30 through the search CLI,
+    # MRR@10 (issue 9): fp32 0.5407; autocast 0.5404, weight copy 0.5380 (both with the fp32 score head). Side by
+    # side in one benchmark run both paths took the same time within the machine's noise (2xIB S2, BERT-base d=128
+    # 1,582 / 1,759 ms, d=512 2,356 / 2,262 ms; MiniLM 538 / 560 and 848 / 859 ms, copy / autocast).
+    bf16_weight_copy = False
     #: documents per encoder call in :meth:`score_texts` (an attribute, not config: it never changes scores)
     batch_size: int = 128
 
@@ -578,11 +585,11 @@ class MoresModel(RankingModel):
                 x = _cross_attend(block.cross_attention, x, keys, values, doc_mask, cross_queries)
                 pooled = cls_only_attention(block.self_attention, block.ffn, x[:, 0],
                                             [TokenBlock(x, query_mask[:, 0, 0, :])])
-                return self.interaction_module.head(pooled)
+                return score_head(self.interaction_module.head, pooled)
             x = block(x, keys, values, doc_mask, query_mask, cross_queries)
         weights = query_mask[:, 0, 0, :].to(x.dtype)  # mean pooling over the real query rows [1|B, q]
         pooled = (x * weights[..., None]).sum(1) / weights.sum(1, keepdim=True)
-        return self.interaction_module.head(pooled)
+        return score_head(self.interaction_module.head, pooled)
 
 
 def _sub_state(state: dict[str, torch.Tensor], prefix: str, strict: bool = False) -> dict[str, torch.Tensor]:

@@ -34,14 +34,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._cls_only import TokenBlock, cls_only_layer, compute_dtype
-from ._layers import BertEncoder, key_padding_mask, load_bert_weights
+from ._cls_only import TokenBlock, cls_only_attention_stored, cls_only_layer, compute_dtype
+from ._layers import BertEncoder, key_padding_mask, load_bert_weights, score_head
 from .backbones import DEFAULT_BACKBONE, load_backbone
 from .base import RankingConfig, RankingModel
 from .losses import ranking_scores
 
 DOC_SEGMENT_ID = 1
 QUERY_SEGMENT_ID = 0
+REUSES = ("states", "kv")
 
 
 @dataclass
@@ -61,12 +62,21 @@ class PreTTRConfig(RankingConfig):
             Documents start at position ``Qb`` (P1). Changing it invalidates stored documents.
         doc_max_length: document length limit with its own [CLS] and [SEP] (the limit every model applies); the
             [CLS] is dropped, so at most ``doc_max_length - 1`` tokens (``d [SEP]``) are stored per document.
+        reuse: what the sidecar stores, a runtime choice that never changes scores: ``"states"`` (default) — the
+            layer-l states (compressed if configured), ``store_width = e or n``; ``"kv"`` — only with
+            ``join_layer = L − 1``: the last layer's keys and values of those states, ``store_width = 2·n``. At
+            ``l = L − 1`` the document's keys and values in the one joint layer depend on the document alone, so
+            they can be stored like MORES Reuse-S2: online, the [CLS] row takes one dot product and one weighted
+            sum per stored token and head (``2·n`` per token instead of the ``2·h·n`` of attending through the
+            states), at twice the storage of uncompressed states. Measured slower than ``"states"`` on this
+            project's 2-core CPU, where both are bound by memory traffic, not FLOPs (README, Benchmark).
     """
 
     join_layer: int | None = None
     compression_dim: int | None = None
     simulate_fp16_storage: bool = False
     classifier_dropout: float = 0.1
+    reuse: str = "states"
 
     def __post_init__(self):
         if self.encoder is not None:
@@ -87,6 +97,13 @@ def validate_config(config: PreTTRConfig) -> None:
         )
     if not 0 <= join < layers:
         raise ValueError(f"join_layer must satisfy 0 <= join_layer < {layers} (the number of layers), got {join}")
+    if config.reuse not in REUSES:
+        raise ValueError(f"reuse must be one of {', '.join(REUSES)}, not {config.reuse!r}")
+    if config.reuse == "kv" and join != layers - 1:
+        raise ValueError(
+            f"reuse='kv' stores the last layer's document keys and values, which depend on the document alone only "
+            f"when the last layer is the only joint one: it needs join_layer={layers - 1}, not {join}"
+        )
     if config.compression_dim is not None and config.compression_dim <= 0:
         raise ValueError(f"compression_dim must be a positive width or None, got {config.compression_dim}")
     if config.query_max_length < 2:
@@ -226,22 +243,40 @@ class PreTTRModel(RankingModel):
 
     # ---- what the sidecar stores --------------------------------------------------------------------------------
     @property
+    def stores_keys_values(self) -> bool:
+        return self.config.reuse == "kv"
+
+    @property
     def store_width(self) -> int:
+        if self.stores_keys_values:
+            return 2 * self.config.encoder.hidden_size
         return self.config.compression_dim or self.config.encoder.hidden_size
 
     @property
+    def stored_heads(self) -> int | None:
+        """Stored keys and values come head-major (``[B, 2·h, Lmax, n/h]``, keys' heads first): the [CLS] row's
+        logits and weighted sum are then one batched matrix-vector product per head. Read as stored, they would
+        need the ``h``-times wider products of attending through states. States: token-major."""
+        return 2 * self.config.encoder.num_attention_heads if self.stores_keys_values else None
+
+    @property
     def store_variant(self) -> str:
-        return f"l{self.join_layer}-e{self.config.compression_dim or 'none'}"
+        variant = f"l{self.join_layer}-e{self.config.compression_dim or 'none'}"
+        return f"{variant}-kv" if self.stores_keys_values else variant
 
     def store_parameters(self) -> Iterable[tuple[str, torch.Tensor]]:
-        """Embeddings, layers ``1..l`` and the compressing half of the compressor."""
+        """Embeddings, layers ``1..l`` and the compressing half of the compressor; stored keys and values add the
+        decompressing half and the last layer's key and value projections."""
         prefixes = ("encoder.embeddings.", "compressor.compress.") + tuple(
             f"encoder.layers.{index}." for index in range(self.join_layer)
         )
+        if self.stores_keys_values:
+            last = f"encoder.layers.{self.num_layers - 1}.attention."
+            prefixes += ("compressor.decompress.", "compressor.norm.", last + "key.", last + "value.")
         return [(name, tensor) for name, tensor in self.state_dict().items() if name.startswith(prefixes)]
 
     def store_config(self) -> dict:
-        return {
+        values = {
             **super().store_config(),
             "join_layer": self.join_layer,
             "compression_dim": self.config.compression_dim,
@@ -250,6 +285,9 @@ class PreTTRModel(RankingModel):
             "doc_segment_id": DOC_SEGMENT_ID,
             "doc_special_tokens": "trailing [SEP] only",
         }
+        if self.stores_keys_values:  # added only here: the fingerprints of state sidecars stay as they were
+            values["reuse"] = "kv"
+        return values
 
     # ---- tokenization -------------------------------------------------------------------------------------------
     def tokenize_queries(self, texts: list[str]) -> dict:
@@ -337,13 +375,17 @@ class PreTTRModel(RankingModel):
             raise ValueError(f"a query state of batch {query_states.shape[0]} cannot score {docs.shape[0]} documents")
 
     def _head(self, cls: torch.Tensor) -> torch.Tensor:
-        return ranking_scores(self.head(self.dropout(cls))).float()
+        return ranking_scores(score_head(self.head, self.dropout(cls)))
 
     # ---- the contract -----------------------------------------------------------------------------------------------
     def encode_documents(self, doc_batch: dict) -> list[torch.Tensor]:
-        """Offline: per document ``[len_i, store_width]``: layer-l states of ``d [SEP]``, compressed if configured."""
+        """Offline: per document ``[len_i, store_width]``: layer-l states of ``d [SEP]``, compressed if configured;
+        with ``reuse='kv'`` the last layer's keys and values of the (decompressed) states, ``[K ‖ V]``."""
         states, mask = self._doc_layer_l(doc_batch)
-        if self.compressor is not None:
+        if self.stores_keys_values:
+            keys, values = self.encoder.layers[-1].attention.project_keys_values(self._roundtrip(states))
+            states = torch.cat([keys, values], -1)
+        elif self.compressor is not None:
             states = self.compressor.encode(states)
         return [states[i, :length] for i, length in enumerate(mask.sum(1).tolist())]
 
@@ -360,6 +402,8 @@ class PreTTRModel(RankingModel):
 
     def score(self, query_state: PreTTRQueryState, docs: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """``[B]`` scores of one query against stored documents ``docs [B, Lmax, store_width]`` (zero-padded)."""
+        if self.stores_keys_values:
+            return self._score_stored_keys_values(query_state, docs, lengths)
         doc_mask = key_padding_mask(lengths.to(docs.device), docs.shape[1])[:, 0, 0]
         compressor = self.compressor
         if (compressor is not None and self.join_layer == self.num_layers - 1
@@ -373,6 +417,25 @@ class PreTTRModel(RankingModel):
             return self._head(cls_only_layer(self.encoder.layers[-1], query_state.states[:, 0], blocks))
         doc_states = self.decompress_documents(docs)
         return self._joint_score(query_state.states, query_state.mask, doc_states, doc_mask.to(doc_states.device))
+
+    def _score_stored_keys_values(self, query_state: PreTTRQueryState, docs: torch.Tensor,
+                                  lengths: torch.Tensor) -> torch.Tensor:
+        """``score`` for ``reuse='kv'``: ``docs`` are the last layer's keys and values, head-major
+        ``[B, 2·h, Lmax, n/h]`` (as ``get_batch(heads=stored_heads)`` reads them) or as stored ``[B, Lmax, 2·n]``."""
+        self._check_batches(query_state.states, docs)
+        heads = self.config.encoder.num_attention_heads
+        if docs.dim() == 3:
+            docs = docs.unflatten(-1, (2 * heads, -1)).transpose(1, 2)
+        if docs.shape[1] != 2 * heads:
+            raise ValueError(f"stored keys and values come as [B, {2 * heads}, Lmax, head_dim] or "
+                             f"[B, Lmax, {self.store_width}], not {list(docs.shape)}")
+        weight = self.head.weight
+        docs = docs.to(device=weight.device, dtype=compute_dtype(weight))
+        doc_mask = key_padding_mask(lengths.to(weight.device), docs.shape[2])[:, 0, 0]
+        pooled = cls_only_attention_stored(self.encoder.layers[-1], query_state.states[:, 0],
+                                           TokenBlock(query_state.states, query_state.mask),
+                                           docs[:, :heads], docs[:, heads:], doc_mask)
+        return self._head(pooled)
 
     def forward(self, query_batch: dict, doc_batch: dict) -> torch.Tensor:
         """Training: ``[B]`` scores of aligned pairs (a batch-1 query is broadcast), identical to

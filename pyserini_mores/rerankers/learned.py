@@ -36,8 +36,9 @@ class ModelReranker(Reranker):
         batch_size: candidates scored per batch.
         precision: ``fp32`` or ``bf16`` (bf16 matmuls are ~10x faster on AMX/AVX-512 CPUs).
         cast_weights: under ``bf16``, score with a copy of the model whose weights were cast to bf16 once
-            (:func:`bf16_scoring_copy`; the default) instead of autocast alone, which re-casts every fp32 weight on
-            every call. ``model`` itself stays fp32, so its fingerprints and sidecar builds do not change.
+            (:func:`bf16_scoring_copy`) instead of autocast alone, which re-casts every fp32 weight on every call.
+            ``None`` (default): the model's choice, :attr:`RankingModel.bf16_weight_copy` (the copy, except for
+            MORES). ``model`` itself stays fp32, so its fingerprints and sidecar builds do not change.
 
     Memory: each thread that scores from a sidecar keeps the memory of one batch of stored rows for the reranker's
     lifetime (filling fresh memory costs more in page faults than the copy itself): ``batch_size`` × longest
@@ -46,7 +47,7 @@ class ModelReranker(Reranker):
     """
 
     def __init__(self, model: RankingModel, sidecar=None, *, name: str | None = None, batch_size: int = 250,
-                 precision: str = "fp32", cast_weights: bool = True):
+                 precision: str = "fp32", cast_weights: bool | None = None):
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not '{precision}'")
         if sidecar is not None and model.store_width is None:
@@ -56,7 +57,7 @@ class ModelReranker(Reranker):
         self.name = name or model.model_type
         self.batch_size = batch_size
         self.precision = precision
-        self.cast_weights = cast_weights
+        self.cast_weights = model.bf16_weight_copy if cast_weights is None else cast_weights
         self._scoring_copy: RankingModel | None = None
         self._scoring_copy_of: tuple | None = None
         self._buffers = threading.local()
@@ -227,7 +228,7 @@ def learned_reranker_factory(model_type: str, default_model: str = DEFAULT_MODEL
     ``precision``, ``cast_weights``; any other keyword overrides the model config (e.g. ``reuse='s1'``)."""
 
     def factory(model: str | os.PathLike | RankingModel | None = None, sidecar=None, *, expect_index: dict | None = None,
-                batch_size: int = 250, precision: str = "fp32", cast_weights: bool = True,
+                batch_size: int = 250, precision: str = "fp32", cast_weights: bool | None = None,
                 **model_overrides) -> ModelReranker:
         if isinstance(model, RankingModel):
             if model_overrides:
