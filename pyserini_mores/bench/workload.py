@@ -86,9 +86,9 @@ def variants_for(num_layers: int, compression_dim: int = PRETTR_COMPRESSION_DIM)
         for compression in (None, compression_dim):
             name = f"l{join}" + (f"-e{compression}" if compression else "")
             variants.append(Variant("prettr", name, (("compression_dim", compression), ("join_layer", join))))
-    if num_layers >= 1:  # the last layer's document keys and values stored (the sidecar variant beyond the paper)
-        variants.append(Variant("prettr", f"l{num_layers - 1}-kv",
-                                (("compression_dim", None), ("join_layer", num_layers - 1), ("reuse", "kv"))))
+    # the last layer's document keys and values stored (the sidecar variant beyond the paper)
+    variants.append(Variant("prettr", f"l{num_layers - 1}-kv",
+                            (("compression_dim", None), ("join_layer", num_layers - 1), ("reuse", "kv"))))
     for mode in ("ctx", "online"):
         variants.append(Variant("tk", mode, (("mode", mode),)))
     return variants

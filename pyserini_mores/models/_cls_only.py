@@ -106,15 +106,17 @@ def cls_only_attention(
     return ffn(attended)
 
 
-def cls_only_attention_stored(layer: TransformerLayer, cls: torch.Tensor, query_block: TokenBlock,
-                              doc_keys: torch.Tensor, doc_values: torch.Tensor, doc_mask: torch.Tensor) -> torch.Tensor:
+def cls_only_attention_stored(layer: TransformerLayer, cls: torch.Tensor, query_states: torch.Tensor,
+                              query_mask: torch.Tensor, doc_keys: torch.Tensor, doc_values: torch.Tensor,
+                              doc_mask: torch.Tensor) -> torch.Tensor:
     """The [CLS] row of ``layer`` over a query block followed by documents whose keys and values in this layer are
     already projected (stored): ``[B, n]``, equal to :func:`cls_only_layer` on the query block and the documents'
     input states.
 
     Args:
         cls: ``[1|B, n]`` the [CLS] input state.
-        query_block: the tokens before the documents (batch 1: their keys and values are projected once here).
+        query_states, query_mask: ``[1|B, Tq, n]`` and ``[1|B, Tq]`` bool, the tokens before the documents (batch 1:
+            their keys and values are projected once per call, for every candidate).
         doc_keys, doc_values: ``[B, h, T, n/h]`` head-major, biases included, in the compute dtype.
         doc_mask: ``[B, T]`` bool, True on real tokens.
 
@@ -128,9 +130,9 @@ def cls_only_attention_stored(layer: TransformerLayer, cls: torch.Tensor, query_
     batch = max(cls.shape[0], doc_keys.shape[0])
     queries = attention.query(cls).view(-1, heads, head_dim, 1) / math.sqrt(head_dim)  # [Bc, h, dh, 1]
     query_keys, query_values = (attention.split_heads(projection) for projection in
-                                attention.project_keys_values(query_block.states))  # [1|B, h, Tq, dh]
+                                attention.project_keys_values(query_states))  # [1|B, h, Tq, dh]
     queries = queries.to(doc_keys.dtype)
-    blocks = ((query_keys.to(doc_keys.dtype), query_values.to(doc_keys.dtype), query_block.mask),
+    blocks = ((query_keys.to(doc_keys.dtype), query_values.to(doc_keys.dtype), query_mask),
               (doc_keys, doc_values, doc_mask))
     logits = []
     for keys, _, mask in blocks:

@@ -432,9 +432,8 @@ class PreTTRModel(RankingModel):
         weight = self.head.weight
         docs = docs.to(device=weight.device, dtype=compute_dtype(weight))
         doc_mask = key_padding_mask(lengths.to(weight.device), docs.shape[2])[:, 0, 0]
-        pooled = cls_only_attention_stored(self.encoder.layers[-1], query_state.states[:, 0],
-                                           TokenBlock(query_state.states, query_state.mask),
-                                           docs[:, :heads], docs[:, heads:], doc_mask)
+        pooled = cls_only_attention_stored(self.encoder.layers[-1], query_state.states[:, 0], query_state.states,
+                                           query_state.mask, docs[:, :heads], docs[:, heads:], doc_mask)
         return self._head(pooled)
 
     def forward(self, query_batch: dict, doc_batch: dict) -> torch.Tensor:
