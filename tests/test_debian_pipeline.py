@@ -34,14 +34,25 @@ def test_dry_run_prints_every_step_in_order_and_their_arguments_parse(pipeline, 
     assert pipeline.main(["--data", str(data_dir), "--work", str(tmp_path / "work"), "--dry-run"]) == 0
     out = capsys.readouterr().out
     steps = [line.split("]")[0].lstrip("[") for line in out.splitlines() if line.startswith("[")]
-    expected = ["index", "bm25-test", "negatives"]
+    expected, teachers = ["index", "bm25-test", "negatives"], set()
     for model in pipeline.MODELS:  # a starting point's sidecar is built before, every other sidecar after training
         expected += (["compressor"] if model.needs_compressor else []) + (
-            [f"sidecar-{model.name}"] if model.sidecar_first else []) + [f"train-{model.name}"]
+            [f"sidecar-{model.name}"] if model.sidecar_first else [])
+        if model.teacher and model.teacher not in teachers:  # the teacher's run and scored triples, once
+            teachers.add(model.teacher)
+            expected += [f"sidecar-{model.teacher}", f"rerank-{model.teacher}-train", f"negatives-{model.teacher}"]
+        expected += [f"train-{model.name}"]
     for model in pipeline.MODELS:
-        expected += ([f"sidecar-{model.name}"] if model.stores and not model.sidecar_first else []) + [
-            f"rerank-{model.name}-test", f"speed-{model.name}"]
+        expected += ([f"sidecar-{model.name}"] if model.stores and not model.sidecar_first
+                     and model.name not in teachers else []) + [f"rerank-{model.name}-test", f"speed-{model.name}"]
     assert steps == expected + ["eval-test"]
+    assert teachers == {"maxsim"}
+    # MORES learns from triples scored by the MaxSim teacher's run over the training queries
+    work = tmp_path / "work"
+    assert (f"--rerank-depth 50 --hits 50 --precision bf16 --output {work / 'runs' / 'maxsim.train.trec'}") in out
+    assert f"--run {work / 'runs' / 'maxsim.train.trec'} --index" in out and "--teacher-scores" in out
+    assert f"--recipe mores-debian --triples {work / 'triples.train.maxsim.tsv'}" in out
+    assert f"--recipe cross-encoder-debian --triples {work / 'triples.train.tsv'}" in out
     assert "--recipe mores-debian" in out and "--model-arg n_interaction_blocks=1" in out
     # MORES trains against the S1 sidecar of MiniLM, built first with the recipe's model arguments
     assert ("[sidecar-mores-2ib] $ " + f"{sys.executable} -m pyserini_mores.sidecar build --index "
@@ -59,6 +70,14 @@ def test_a_model_that_starts_from_another_brings_it_along(pipeline, data_dir, tm
     out = capsys.readouterr().out
     assert "also training cross-encoder: prettr-l4 start from it" in out
     assert out.index("[train-cross-encoder]") < out.index("[train-prettr-l4]") < out.index("[sidecar-prettr-l4]")
+
+
+def test_a_model_that_learns_from_a_teacher_brings_it_along(pipeline, data_dir, tmp_path, capsys):
+    pipeline.main(["--data", str(data_dir), "--work", str(tmp_path / "w"), "--models", "mores-1ib", "--dry-run"])
+    out = capsys.readouterr().out
+    assert "also training maxsim: mores-1ib start from it or learn from it" in out
+    assert (out.index("[train-maxsim]") < out.index("[sidecar-maxsim]") < out.index("[rerank-maxsim-train]")
+            < out.index("[negatives-maxsim]") < out.index("[train-mores-1ib]"))
 
 
 def test_dry_run_of_one_model_skips_what_it_does_not_need(pipeline, data_dir, tmp_path, capsys):

@@ -14,8 +14,8 @@ from pyserini_mores.models._layers import BertDims
 from pyserini_mores.train import data as train_data
 from pyserini_mores.train.__main__ import build_parser, main
 from pyserini_mores.train.compressor import pretrain_compressor
-from pyserini_mores.train.data import (TrainingGroup, load_groups, mine_negatives, read_triples, with_batch_negatives,
-                                      write_triples)
+from pyserini_mores.train.data import (TrainingGroup, load_groups, mine_negatives, read_scored_triples, read_triples,
+                                      with_batch_negatives, write_triples)
 from pyserini_mores.train.objectives import mean_loss
 from pyserini_mores.train.recipes import merge_settings, read_recipe, recipe_names
 from pyserini_mores.train.trainer import TrainingSettings, last_checkpoint, train
@@ -140,6 +140,82 @@ def test_mine_negatives_from_a_run_excludes_relevant_documents_ranked_first(tmp_
     assert not {negative for _, _, negative in triples} & relevant_texts
 
 
+def test_mine_negatives_with_teacher_scores_writes_the_runs_scores(tmp_path, capsys):
+    topics, qrels = read_topics(TOPICS), read_qrels(QRELS)
+    texts = dict(read_collection(COLLECTION))
+    docid_of = {text: docid for docid, text in texts.items()}
+    qid_of = {text: qid for qid, text in topics.items()}
+    unscored_qid = sorted(qrels)[-1]
+    run, scores = tmp_path / "teacher.trec", {}
+    with run.open("w") as stream:
+        for qid in topics:  # every document but the relevant ones of one query, with distinct scores
+            ranked = [docid for docid in sorted(texts)
+                      if not (qid == unscored_qid and qrels[qid].get(docid, 0) > 0)]
+            for rank, docid in enumerate(ranked, start=1):
+                scores[qid, docid] = 10.0 - rank / 7
+                stream.write(f"{qid} Q0 {docid} {rank} {scores[qid, docid]!r} teacher\n")
+    output = tmp_path / "scored.tsv"
+    main(["mine-negatives", "--run", str(run), "--collection", str(COLLECTION), "--topics", str(TOPICS),
+          "--qrels", str(QRELS), "--negatives-per-query", "2", "--depth", "10", "--output", str(output),
+          "--teacher-scores"])
+    assert "1 without a positive in the teacher's run" in capsys.readouterr().out
+    scored = list(read_scored_triples(output))
+    assert scored and unscored_qid not in {qid_of[query] for query, *_ in scored}
+    for query, positive, negative, (positive_score, negative_score) in scored:
+        qid = qid_of[query]
+        assert positive_score == scores[qid, docid_of[positive]]
+        assert negative_score == scores[qid, docid_of[negative]]
+    assert [triple[:3] for triple in scored] == list(read_triples(output))
+    with pytest.raises(SystemExit, match="--teacher-scores takes the scores of --run"):
+        main(["mine-negatives", "--index", "unused", "--topics", str(TOPICS), "--qrels", str(QRELS),
+              "--output", str(tmp_path / "x.tsv"), "--teacher-scores"])
+
+
+@pytest.mark.parametrize("lines,message", [
+    ("q\tp\tn\t1.5\t0.5\nq\tp\tn2\n", "line 2.*scored and unscored triples mixed"),
+    ("q\tp\tn\t1.5\thigh\n", "line 1.*must be numbers"),
+    ("q\tp\tn\t1.5\tnan\n", "line 1.*must be finite"),
+    ("q\tp\tn\t1.5\n", "line 1.*found 4 tab-separated"),
+])
+def test_scored_triples_reader_reports_the_bad_line(tmp_path, lines, message):
+    path = tmp_path / "bad.tsv"
+    path.write_text(lines)
+    with pytest.raises(FormatError, match=message):
+        list(read_scored_triples(path))
+
+
+def test_scored_groups_carry_the_teacher_scores_and_borrowed_positives_get_none(tmp_path):
+    path = tmp_path / "scored.tsv"
+    write_triples(path, [("q", "p", "n1", 3.0, 1.0), ("q", "p", "n2", 3.0, 2.0), ("q", "p", "n3", 3.0, 0.5),
+                         ("r", "p2", "m1", 4.0, -1.0)])
+    groups = load_groups(path, negatives_per_group=2)
+    assert [(g.negatives, g.teacher_scores) for g in groups] == [
+        (("n1", "n2"), (3.0, 1.0, 2.0)), (("n3", "n1"), (3.0, 0.5, 1.0)), (("m1", "m1"), (4.0, -1.0, -1.0))]
+    extended = with_batch_negatives(groups[1:], 2)  # two groups: one borrowed positive, one own negative each
+    assert extended[0].negatives == ("n3", "n1", "p2", "n3")
+    assert extended[0].teacher_scores == (3.0, 0.5, 1.0, float("-inf"), 0.5)
+    assert load_groups(path)[0].teacher_scores == (3.0, 1.0)
+
+
+def test_distillation_learns_the_teachers_distribution():
+    from pyserini_mores.models.losses import listwise_distillation
+
+    teacher = torch.tensor([[2.0, 0.0, -1.0, float("-inf")]])
+    student = torch.zeros(1, 4, requires_grad=True)
+    loss = listwise_distillation(student, teacher)
+    target = torch.tensor([2.0, 0.0, -1.0]).softmax(-1)
+    torch.testing.assert_close(loss, -(target * torch.full((3,), 0.25).log()).sum())
+    loss.backward()  # gradient of softmax CE: student probabilities minus target, -inf gets no target
+    torch.testing.assert_close(student.grad, (torch.full((1, 4), 0.25) - torch.cat([target, torch.zeros(1)])))
+    at_teacher = torch.tensor([[2.0, 0.0, -1.0, -30.0]], requires_grad=True)
+    listwise_distillation(at_teacher, teacher).backward()
+    assert at_teacher.grad.abs().max() < 1e-6  # the teacher's own scores are a minimum
+    flat = listwise_distillation(torch.tensor([[2.0, 0.0]]), torch.tensor([[2.0, 0.0]]), temperature=1e6)
+    torch.testing.assert_close(flat, -torch.tensor([2.0, 0.0]).log_softmax(-1).mean())
+    with pytest.raises(ValueError, match="temperature must be positive"):
+        listwise_distillation(student, teacher, temperature=0)
+
+
 def test_triples_reader_reports_the_bad_line(tmp_path):
     path = tmp_path / "bad.tsv"
     path.write_text("q\tpositive\tnegative\nq\tonly two\n")
@@ -179,12 +255,25 @@ def test_batch_negatives_need_enough_groups_per_micro_batch(tmp_path):
 # ------------------------------------------------------------------------------------------------- training
 
 
+@pytest.fixture(scope="module")
+def scored_triples_path(tmp_path_factory, triples_path) -> Path:
+    """The triples of :func:`triples_path` scored by a fixed made-up teacher (a hash of the passage text)."""
+    def teacher(text: str) -> float:
+        return (sum(map(ord, text)) % 97) / 10
+
+    path = tmp_path_factory.mktemp("scored") / "scored.tsv"
+    write_triples(path, [(q, p, n, teacher(p), teacher(n)) for q, p, n in read_triples(triples_path)])
+    return path
+
+
 @pytest.mark.parametrize("model_type,loss,negatives", [
     ("mores", "pointwise", 1), ("cross-encoder", "pointwise", 1), ("prettr", "listwise", 1), ("tk", "pairwise", 1),
-    ("maxsim", "pairwise", 1), ("mores", "listwise", 3),
+    ("maxsim", "pairwise", 1), ("mores", "listwise", 3), ("mores", "distill", 3),
 ])
-def test_a_few_steps_reduce_the_training_loss(model_type, loss, negatives, init_dirs, triples_path, tmp_path):
+def test_a_few_steps_reduce_the_training_loss(model_type, loss, negatives, init_dirs, triples_path,
+                                              scored_triples_path, tmp_path):
     init = init_dirs(model_type)
+    triples_path = scored_triples_path if loss == "distill" else triples_path
     groups = load_groups(triples_path, negatives_per_group=negatives)
     before = mean_loss(load_model(model_type, init), groups, loss)
     batch = 10 if loss == "pointwise" else 5 // negatives + 1
@@ -193,6 +282,11 @@ def test_a_few_steps_reduce_the_training_loss(model_type, loss, negatives, init_
     after = mean_loss(result.model, groups, loss)
     assert result.global_step == 20
     assert after < 0.8 * before, (before, after)
+
+
+def test_distillation_needs_scored_triples(init_dirs, triples_path, tmp_path):
+    with pytest.raises(ValueError, match="distill loss needs scored triples.*--teacher-scores"):
+        train(_settings(tmp_path, "mores", init_dirs("mores"), triples_path, loss="distill"), progress=False)
 
 
 def test_training_with_batch_negatives_scores_the_borrowed_positives(init_dirs, triples_path, tmp_path,
@@ -325,7 +419,8 @@ def test_dev_evaluator_reranks_bm25_candidates_of_the_dev_index(tiny_index, init
     assert metrics["MRR@10"] == pytest.approx(evaluate(run, read_qrels(QRELS), ["MRR@10"])["MRR@10"])
 
 
-def test_train_cli_with_recipe_and_bm25_dev_evaluation(tiny_index, init_dirs, triples_path, tmp_path, capsys):
+def test_train_cli_with_recipe_and_bm25_dev_evaluation(tiny_index, init_dirs, scored_triples_path, tmp_path,
+                                                       capsys):
     import shlex
     import shutil
 
@@ -333,7 +428,7 @@ def test_train_cli_with_recipe_and_bm25_dev_evaluation(tiny_index, init_dirs, tr
 
     output = tmp_path / "model"
     command = ["train", "--recipe", "mores-debian", "--init", str(init_dirs("mores")), "--triples",
-               str(triples_path), "--output", str(output), "--max-steps", "4", "--batch-size", "6",
+               str(scored_triples_path), "--output", str(output), "--max-steps", "4", "--batch-size", "4",
                "--warmup-steps", "1", "--no-bf16", "--eval-every", "2", "--dev-topics", str(TOPICS), "--dev-qrels",
                str(QRELS), "--dev-index", str(tiny_index), "--dev-depth", "10", "--quiet"]
     # the recipe trains against the S1 sidecar beside the index: without it, the error gives the build command
@@ -350,7 +445,7 @@ def test_train_cli_with_recipe_and_bm25_dev_evaluation(tiny_index, init_dirs, tr
     assert "best dev MRR@10" in printed
     args = json.loads((output / "training_args.json").read_text())
     assert (args["max_steps"], args["lr"], args["model_args"]["n_interaction_blocks"]) == (4, 1e-4, 2)
-    assert args["doc_sidecar"] == "default"
+    assert args["doc_sidecar"] == "default" and args["loss"] == "distill"
     assert load_model("mores", output).score_texts("text editor", ["vim", "python"]).shape == (2,)
 
 

@@ -3,6 +3,7 @@ training forward from text, what the sidecar depends on stays frozen (so the tra
 sidecar), and passages that are not in the index are refused before training starts."""
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -51,13 +52,15 @@ def _saved_model_and_sidecar(tmp_path: Path, tiny_index: Path, tokenizer, model_
     return tmp_path / "init", model, sidecar
 
 
-@pytest.mark.parametrize("loss", ["pointwise", "listwise"])
+@pytest.mark.parametrize("loss", ["pointwise", "listwise", "distill"])
 @pytest.mark.parametrize("model_type, overrides", VARIANTS)
 def test_loss_from_stored_documents_equals_the_training_forward_from_text(tmp_path, tiny_index, tokenizer, triples,
                                                                          model_type, overrides, loss):
     _, model, sidecar = _saved_model_and_sidecar(tmp_path, tiny_index, tokenizer, model_type, overrides)
     model.eval()  # dropout off: the two paths must then agree to rounding
     groups = load_groups(triples)[:6]
+    if loss == "distill":  # a made-up teacher's scores
+        groups = [replace(group, teacher_scores=(1.0 + index, -float(index))) for index, group in enumerate(groups)]
     documents = open_stored_documents(model, sidecar, tiny_index)
     with torch.no_grad():
         from_text = RankingObjective(model, loss)(**GroupCollator(model)(groups))["loss"]

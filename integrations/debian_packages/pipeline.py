@@ -1,9 +1,10 @@
 """The whole debian-packages experiment, end to end on CPU, with the offline MiniLM backbone.
 
 index → BM25 runs → mined negatives → train every reranker (cross-encoder, MORES 2×IB and 1×IB, PreTTR l = L−1 with
-and without compression, TK, and the MaxSim dual encoder of the embedded default) → sidecars → rerank BM25 candidates of the test (and dev) queries → time 1000-candidate
-reranking → one results table (MRR@10, nDCG@10, R@10, ms/query for 1000 candidates, bytes/doc, the non-inferiority
-test of every model against the cross-encoder).
+and without compression, TK, and the MaxSim dual encoder of the embedded default; MORES learns from MaxSim: the
+teacher reranks the training queries and negatives are mined from its run with its scores) → sidecars → rerank BM25
+candidates of the test (and dev) queries → time 1000-candidate reranking → one results table (MRR@10, nDCG@10, R@10,
+ms/query for 1000 candidates, bytes/doc, the non-inferiority test of every model against the cross-encoder).
 
 Every step is one of the package's commands, printed before it runs, so any of them can be copied. A journal
 (``WORK/pipeline.json``) records each finished step with its time; a re-run skips finished steps (training and sidecar
@@ -43,19 +44,25 @@ class Model:
     # True: the sidecar is built from the starting model before training, and training reads it (--doc-sidecar
     # default, so only what runs online trains); the trained model then reranks from that same sidecar.
     sidecar_first: bool = False
+    teacher: str | None = None  # another row that scores this one's training triples (its recipe's loss: distill)
 
 
 MODELS = (
+    # not from the papers: the embedded default's reranker, and MORES's teacher
+    Model("maxsim", "maxsim", "maxsim-debian"),
     Model("cross-encoder", "cross-encoder", "cross-encoder-debian", stores=False),
-    Model("mores-2ib", "mores", "mores-debian", rerank_args=("--model-arg", "reuse=s1"), sidecar_first=True),
+    Model("mores-2ib", "mores", "mores-debian", rerank_args=("--model-arg", "reuse=s1"), sidecar_first=True,
+          teacher="maxsim"),
     Model("mores-1ib", "mores", "mores-debian", ("--model-arg", "n_interaction_blocks=1"),
-          ("--model-arg", "reuse=s1"), sidecar_first=True),
+          ("--model-arg", "reuse=s1"), sidecar_first=True, teacher="maxsim"),
     Model("prettr-l4", "prettr", "prettr-debian", init_from="cross-encoder"),
     Model("prettr-l4-e128", "prettr", "prettr-debian", ("--model-arg", "compression_dim=128"),
           needs_compressor=True, init_from="cross-encoder"),
     Model("tk", "tk", "tk-debian"),
-    Model("maxsim", "maxsim", "maxsim-debian"),  # not from the papers: the embedded default's reranker
 )
+#: the teacher reranks this many BM25 candidates of every training query (all of them keep its score: --hits is the
+#: same), and scored negatives are drawn from its top TEACHER_NEGATIVE_DEPTH
+TEACHER_DEPTH, TEACHER_NEGATIVE_DEPTH, TEACHER_NEGATIVES = 50, 30, 6
 BASELINE = "cross-encoder"
 
 
@@ -70,6 +77,7 @@ class Pipeline:
     max_steps: int | None
     dry_run: bool = False
     journal: dict = field(default_factory=dict)
+    dry_run_steps: set = field(default_factory=set)
 
     # ---- paths -------------------------------------------------------------------------------------------------
     @property
@@ -107,10 +115,13 @@ class Pipeline:
             print(f"[{step}] found {done}, recorded as done")
             self.record(step, seconds, command, note="finished before this pipeline's journal")
             return None
-        print(f"[{step}] $ {shlex.join(map(str, command))}", flush=True)
         if self.dry_run:
-            check_arguments(step, command)
+            if step not in self.dry_run_steps:  # printed once, as a real run journals it once
+                self.dry_run_steps.add(step)
+                print(f"[{step}] $ {shlex.join(map(str, command))}", flush=True)
+                check_arguments(step, command)
             return None
+        print(f"[{step}] $ {shlex.join(map(str, command))}", flush=True)
         started = time.perf_counter()
         if capture:
             completed = subprocess.run(command, stdout=subprocess.PIPE, text=True)
@@ -148,10 +159,27 @@ class Pipeline:
                                 "--output", output, *(["--init", self.model_dir(start)] if start else [])],
                  done=output / "compressor_pretraining.json", seconds_from=_summary_seconds)
 
-    def train(self, model: Model) -> None:
+    def scored_triples(self, teacher: Model) -> Path:
+        """Training triples scored by ``teacher``: its run over the training queries' BM25 top
+        :data:`TEACHER_DEPTH`, and negatives mined from that run with the teacher's scores."""
+        self.build_sidecar(teacher)
+        run = self.run_file(teacher.name, "train")
+        self.run(f"rerank-{teacher.name}-train", [
+            *PY, "pyserini_mores.search", "--index", self.index, "--topics", self.data / "queries.train.tsv",
+            *self.model_args(teacher), "--rerank-depth", str(TEACHER_DEPTH), "--hits", str(TEACHER_DEPTH),
+            "--precision", "bf16", "--output", run], done=run)
+        scored = self.work / f"triples.train.{teacher.name}.tsv"
+        self.run(f"negatives-{teacher.name}", [
+            *PY, "pyserini_mores.train", "mine-negatives", "--run", run, "--index", self.index,
+            "--topics", self.data / "queries.train.tsv", "--qrels", self.data / "qrels.train.txt",
+            "--negatives-per-query", str(TEACHER_NEGATIVES), "--depth", str(TEACHER_NEGATIVE_DEPTH),
+            "--teacher-scores", "--output", scored], done=scored)
+        return scored
+
+    def train(self, model: Model, triples: Path) -> None:
         output = self.model_dir(model.name)
         command = [*PY, "pyserini_mores.train", "train", "--recipe", model.recipe,
-                   "--triples", self.work / "triples.train.tsv", "--output", output,
+                   "--triples", triples, "--output", output,
                    "--dev-topics", self.data / "queries.dev.tsv", "--dev-qrels", self.data / "qrels.dev.txt",
                    "--dev-index", self.index, *model.train_args, "--resume"]
         if model.needs_compressor:
@@ -295,14 +323,14 @@ def check_arguments(step: str, command: list) -> None:
 
 
 def with_prerequisites(models: list[Model]) -> list[Model]:
-    """``models`` plus every row one of them starts from (``init_from``), in :data:`MODELS` order so that a
-    starting point is trained before the models that need it."""
+    """``models`` plus every row one of them starts from (``init_from``) or learns from (``teacher``), in
+    :data:`MODELS` order so that those are trained before the models that need them."""
     names = {m.name for m in models}
-    names |= {m.init_from for m in models if m.init_from}
+    names |= {m.init_from for m in models if m.init_from} | {m.teacher for m in models if m.teacher}
     added = sorted(names - {m.name for m in models})
     if added:
-        print(f"also training {', '.join(added)}: {', '.join(m.name for m in models if m.init_from in added)} "
-              "start from it")
+        needing = [m.name for m in models if m.init_from in added or m.teacher in added]
+        print(f"also training {', '.join(added)}: {', '.join(needing)} start from it or learn from it")
     return [m for m in MODELS if m.name in names]
 
 
@@ -337,12 +365,15 @@ def main(argv: list[str] | None = None) -> int:
     pipeline.build_index()
     pipeline.bm25_runs()
     pipeline.mine_negatives()
+    by_name = {model.name: model for model in models}
     for model in models:
         if model.needs_compressor:
             pipeline.pretrain_compressor(model.init_from)
         if model.sidecar_first:
             pipeline.build_sidecar_of_start(model)
-        pipeline.train(model)
+        triples = (pipeline.scored_triples(by_name[model.teacher]) if model.teacher
+                   else pipeline.work / "triples.train.tsv")
+        pipeline.train(model, triples)
     for model in models:
         pipeline.build_sidecar(model)
         for split in args.splits:

@@ -9,6 +9,8 @@ Conventions (all functions return a scalar mean over the batch, computed in fp32
 * **pairwise** — hinge ``max(0, margin - s⁺ + s⁻)`` (EARL's "pairwise hinge", TK's loss).
 * **listwise** — softmax cross-entropy over a group of candidates of one query (``[Q, G]``); with G = 2 and the
   positive first this is PreTTR's pairwise softmax loss ``-log softmax([s⁺, s⁻])[0]``.
+* **distill** — the same softmax cross-entropy against a teacher's softmax over the group instead of the labels
+  (listwise knowledge distillation).
 """
 from __future__ import annotations
 
@@ -92,4 +94,25 @@ def listwise_softmax_cross_entropy(grouped_scores: torch.Tensor, labels: torch.T
     return -(target * log_probs[keep]).sum(-1).mean()
 
 
-__all__ = ["ranking_scores", "pointwise_cross_entropy", "pairwise_hinge", "listwise_softmax_cross_entropy"]
+def listwise_distillation(grouped_scores: torch.Tensor, teacher_scores: torch.Tensor,
+                          temperature: float = 1.0) -> torch.Tensor:
+    """Cross-entropy of the student's softmax over each group against the teacher's ``softmax(teacher / T)``: the
+    KL divergence from teacher to student plus the teacher's entropy, a constant, so the gradient is the KL's.
+
+    Args:
+        grouped_scores: ``[Q, G]`` student scores.
+        teacher_scores: ``[Q, G]`` teacher scores; ``-inf`` gives a candidate no target probability.
+        temperature: divides the teacher's scores (above 1 flattens its distribution, below 1 sharpens it).
+
+    Example:
+        >>> listwise_distillation(torch.tensor([[0.0, 0.0]]), torch.tensor([[5.0, float('-inf')]]))  # -log 0.5
+        tensor(0.6931)
+    """
+    if not temperature > 0:
+        raise ValueError(f"temperature must be positive, not {temperature}")
+    target = (teacher_scores.float() / temperature).softmax(-1)
+    return listwise_softmax_cross_entropy(grouped_scores, target)
+
+
+__all__ = ["ranking_scores", "pointwise_cross_entropy", "pairwise_hinge", "listwise_softmax_cross_entropy",
+           "listwise_distillation"]

@@ -1,15 +1,17 @@
-"""Training: MS MARCO-format triples and hard-negative mining, the training loop (losses, MORES adapt-* module
-selection, dev evaluation with early stopping, checkpoint/resume), PreTTR compressor pre-training, and recipes.
+"""Training: MS MARCO-format triples (optionally scored by a teacher, for distillation) and hard-negative mining,
+the training loop (losses, MORES adapt-* module selection, dev evaluation with early stopping, checkpoint/resume),
+PreTTR compressor pre-training, and recipes.
 
 The CLI is ``python -m pyserini_mores.train``. Torch is imported only by the submodules that need it.
 """
 from __future__ import annotations
 
-from .data import TrainingGroup, compressor_pairs, load_groups, mine_negatives, read_triples, write_triples
+from .data import (TrainingGroup, compressor_pairs, load_groups, mine_negatives, read_scored_triples, read_triples,
+                   write_triples)
 from .recipes import merge_settings, read_recipe, recipe_names
 
 __all__ = [
-    "TrainingGroup", "read_triples", "write_triples", "load_groups", "mine_negatives", "compressor_pairs",
+    "TrainingGroup", "read_triples", "read_scored_triples", "write_triples", "load_groups", "mine_negatives", "compressor_pairs",
     "read_recipe", "recipe_names", "merge_settings", "TrainingSettings", "train", "pretrain_compressor",
 ]
 

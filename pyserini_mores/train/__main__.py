@@ -4,7 +4,12 @@ Examples::
 
     python -m pyserini_mores.train mine-negatives --index indexes/debian --topics queries.train.tsv \\
         --qrels qrels.train.txt --negatives-per-query 1 --depth 100 --output triples.train.tsv
-    python -m pyserini_mores.train train --recipe mores-debian --triples triples.train.tsv --output models/mores \\
+    python -m pyserini_mores.train train --recipe cross-encoder-debian --triples triples.train.tsv --output models/ce \\
+        --dev-topics queries.dev.tsv --dev-qrels qrels.dev.txt --dev-index indexes/debian
+    python -m pyserini_mores.train mine-negatives --run teacher.train.trec --index indexes/debian \\
+        --topics queries.train.tsv --qrels qrels.train.txt --negatives-per-query 6 --depth 30 --teacher-scores \\
+        --output scored.train.tsv     # a teacher reranker's run (--hits = --rerank-depth), for --loss distill
+    python -m pyserini_mores.train train --recipe mores-debian --triples scored.train.tsv --output models/mores \\
         --dev-topics queries.dev.tsv --dev-qrels qrels.dev.txt --dev-index indexes/debian
     python -m pyserini_mores.train pretrain-compressor --recipe prettr-compressor-debian --texts collection.tsv \\
         --output models/prettr-e128
@@ -35,6 +40,10 @@ def define_mine_args(parser: argparse.ArgumentParser) -> None:
                         help="negatives sampled per query (each paired with every positive; default 1)")
     parser.add_argument("--depth", type=int, default=100, help="sample negatives from the top DEPTH (default 100)")
     parser.add_argument("--output", required=True, help="triples TSV to write (query<TAB>positive<TAB>negative)")
+    parser.add_argument("--teacher-scores", action="store_true",
+                        help="also write the --run's scores of each positive and negative (fields 4 and 5): the run "
+                             "is a teacher reranker's (search with --hits equal to --rerank-depth, so that every "
+                             "candidate has its score), for --loss distill; positives the run lacks are left out")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--relevance-level", type=int, default=1,
                         help="lowest grade that makes a positive (any grade > 0 excludes a negative)")
@@ -65,9 +74,13 @@ def define_train_args(parser: argparse.ArgumentParser) -> None:
                                                        "checkpoints, logs)")
     opt = parser.add_argument_group("optimisation")
     opt.add_argument("--loss", choices=LOSSES, default=S,
-                     help="pointwise 2-class CE, pairwise hinge, listwise softmax CE (default: each paper's: pointwise "
-                          "for MORES and the cross-encoder, listwise = pairwise softmax for PreTTR, hinge for TK)")
+                     help="pointwise 2-class CE, pairwise hinge, listwise softmax CE, or distill: listwise softmax CE "
+                          "against a teacher's scores (scored triples from mine-negatives --teacher-scores) (default: "
+                          "each paper's: pointwise for MORES and the cross-encoder, listwise = pairwise softmax for "
+                          "PreTTR, hinge for TK)")
     opt.add_argument("--margin", type=float, default=S, help="pairwise hinge margin (default 1, TK)")
+    opt.add_argument("--distill-temperature", type=float, default=S,
+                     help="--loss distill: the teacher's scores are divided by this before its softmax (default 1)")
     opt.add_argument("--train-modules", choices=TRAIN_MODULES, default=S,
                      help="MORES adapt-interaction / adapt-representation: train only those modules")
     opt.add_argument("--freeze-embeddings", action=argparse.BooleanOptionalAction, default=S,
@@ -172,8 +185,10 @@ def run_mine(args: argparse.Namespace) -> None:
 
     if args.index is None and (args.run is None or args.collection is None):
         raise SystemExit("error: mine-negatives needs --index, or both --run and --collection")
+    if args.teacher_scores and args.run is None:
+        raise SystemExit("error: --teacher-scores takes the scores of --run (a teacher reranker's run); give --run")
     topics, qrels = read_topics(args.topics), read_qrels(args.qrels)
-    searcher = None
+    searcher, scores = None, None
     if args.run is not None:
         scores = read_run(args.run)
         rankings = {qid: sorted(docs, key=lambda d, s=docs: (-s[d], d)) for qid, docs in scores.items()}
@@ -192,12 +207,15 @@ def run_mine(args: argparse.Namespace) -> None:
         searcher = searcher or open_searcher(args.index)
         fetch = lambda docids: fetch_texts(searcher, docids)  # noqa: E731
     triples, report = mine_negatives(topics, qrels, rankings, fetch, negatives_per_query=args.negatives_per_query,
-                                     depth=args.depth, seed=args.seed, relevance_level=args.relevance_level)
+                                     depth=args.depth, seed=args.seed, relevance_level=args.relevance_level,
+                                     teacher_scores=scores if args.teacher_scores else None)
     count = write_triples(args.output, triples)
-    print(f"wrote {count} triples for {report.queries} queries to {args.output} "
-          f"(skipped: {report.skipped_no_positive} without a positive, {report.skipped_no_candidates} without "
-          f"non-relevant candidates; {report.short_of_negatives} had fewer than {args.negatives_per_query} "
-          "negatives)")
+    unscored = (f", {report.skipped_unscored_positive} without a positive in the teacher's run"
+                if args.teacher_scores else "")
+    print(f"wrote {count} {'scored ' if args.teacher_scores else ''}triples for {report.queries} queries to "
+          f"{args.output} (skipped: {report.skipped_no_positive} without a positive, {report.skipped_no_candidates} "
+          f"without non-relevant candidates{unscored}; {report.short_of_negatives} had fewer than "
+          f"{args.negatives_per_query} negatives)")
 
 
 def run_train(args: argparse.Namespace) -> None:

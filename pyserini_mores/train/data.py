@@ -5,10 +5,15 @@ training examples, and the collator that tokenizes them into the query/document 
 A *group* is one query with one positive and ``k`` negatives (``k = 1`` for a plain triple). How a group becomes loss
 terms is the loss's business (:mod:`.objectives`): pointwise splits it into ``1 + k`` labelled (query, document)
 examples, pairwise/listwise score it as one row of ``1 + k`` candidates with the positive first.
+
+*Scored* triples carry a teacher's scores of the positive and the negative as two more fields (``query \t positive
+\t negative \t positive_score \t negative_score``, what ``mine-negatives --teacher-scores`` writes from a teacher
+reranker's run); the ``distill`` loss learns the teacher's distribution over a group instead of the labels.
 """
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 import re
@@ -30,29 +35,62 @@ class TrainingGroup:
     query: str
     positive: str
     negatives: tuple[str, ...]
+    #: a teacher's scores of ``(positive, *negatives)``, or ``None`` for unscored triples; ``-inf`` marks a passage
+    #: the teacher did not score that must get none of the probability (another query's positive)
+    teacher_scores: tuple[float, ...] | None = None
 
 
 # ---------------------------------------------------------------------------------------------------- triples files
 
 
 def read_triples(path: PathLike, max_triples: int | None = None) -> Iterator[tuple[str, str, str]]:
-    """``(query, positive, negative)`` texts from a ``triples.train.small.tsv``-style file (optionally gzipped).
+    """``(query, positive, negative)`` texts from a ``triples.train.small.tsv``-style file (optionally gzipped);
+    the teacher scores of a scored file are left out (:func:`read_scored_triples` keeps them).
 
     Raises:
-        FormatError: a line without exactly three tab-separated non-empty fields (with its line number).
+        FormatError: a line without three tab-separated non-empty fields (or five, the last two numbers), with its
+            line number.
     """
-    count = 0
+    for query, positive, negative, _ in read_scored_triples(path, max_triples):
+        yield query, positive, negative
+
+
+def read_scored_triples(path: PathLike, max_triples: int | None = None
+                        ) -> Iterator[tuple[str, str, str, tuple[float, float] | None]]:
+    """``(query, positive, negative, scores)`` from a triples file whose lines all have three fields (``scores`` is
+    ``None``) or all five (``scores`` = the teacher's ``(positive_score, negative_score)``).
+
+    Raises:
+        FormatError: a line with another number of fields, empty texts, scores that are not finite numbers, or a
+            file that mixes scored and unscored lines (with the line number).
+    """
+    count, scored = 0, None
     for line_number, line in _numbered_lines(path):
         if max_triples is not None and count >= max_triples:
             return
         fields = line.split("\t")
-        if len(fields) != 3:
-            raise FormatError(path, line_number, "expected 'query<TAB>positive<TAB>negative', "
-                                                 f"found {len(fields)} tab-separated field(s)", line)
-        if not all(field.strip() for field in fields):
+        if len(fields) not in (3, 5):
+            raise FormatError(path, line_number, "expected 'query<TAB>positive<TAB>negative' (and optionally "
+                                                 "<TAB>positive_score<TAB>negative_score), found "
+                                                 f"{len(fields)} tab-separated field(s)", line)
+        if scored is None:
+            scored = len(fields) == 5
+        elif scored != (len(fields) == 5):
+            raise FormatError(path, line_number, "scored and unscored triples mixed in one file: every line needs "
+                                                 "5 fields or every line 3", line)
+        if not all(field.strip() for field in fields[:3]):
             raise FormatError(path, line_number, "empty query, positive or negative text", line)
+        scores = None
+        if scored:
+            try:
+                scores = (float(fields[3]), float(fields[4]))
+            except ValueError:
+                raise FormatError(path, line_number, "the teacher scores (fields 4 and 5) must be numbers",
+                                  line) from None
+            if not all(math.isfinite(score) for score in scores):
+                raise FormatError(path, line_number, "the teacher scores (fields 4 and 5) must be finite", line)
         count += 1
-        yield fields[0], fields[1], fields[2]
+        yield fields[0], fields[1], fields[2], scores
 
 
 def _tsv_field(text: str) -> str:
@@ -60,18 +98,20 @@ def _tsv_field(text: str) -> str:
     return re.sub(r"[\t\r\n]+", " ", text).strip()
 
 
-def write_triples(path: PathLike, triples: Iterable[tuple[str, str, str]]) -> int:
-    """Write ``query \\t positive \\t negative`` lines atomically; returns the number of lines."""
+def write_triples(path: PathLike, triples: Iterable[tuple]) -> int:
+    """Write ``query \\t positive \\t negative`` lines atomically, or scored lines for 5-tuples ``(query, positive,
+    negative, positive_score, negative_score)``; returns the number of lines."""
     count = 0
     with atomic_writer(path) as stream:
         for triple in triples:
-            stream.write("\t".join(_tsv_field(text) for text in triple) + "\n")
+            fields = [_tsv_field(text) for text in triple[:3]] + [repr(float(score)) for score in triple[3:]]
+            stream.write("\t".join(fields) + "\n")
             count += 1
     return count
 
 
 def load_groups(path: PathLike, negatives_per_group: int = 1, max_triples: int | None = None) -> list[TrainingGroup]:
-    """Training groups from a triples file.
+    """Training groups from a triples file (with their teacher scores when the file is scored).
 
     With ``negatives_per_group = 1`` every line is a group. With ``k > 1`` (listwise losses), consecutive lines that
     share their query and positive (what :func:`mine_negatives` writes) are pooled and cut into groups of ``k``
@@ -79,21 +119,21 @@ def load_groups(path: PathLike, negatives_per_group: int = 1, max_triples: int |
     """
     if negatives_per_group < 1:
         raise ValueError(f"negatives_per_group must be at least 1, not {negatives_per_group}")
-    triples = read_triples(path, max_triples)
-    if negatives_per_group == 1:
-        groups = [TrainingGroup(query, positive, (negative,)) for query, positive, negative in triples]
-    else:
-        groups = []
-        pooled: list[tuple[tuple[str, str], list[str]]] = []
-        for query, positive, negative in triples:
-            if pooled and pooled[-1][0] == (query, positive):
-                pooled[-1][1].append(negative)
-            else:
-                pooled.append(((query, positive), [negative]))
-        for (query, positive), negatives in pooled:
-            for start in range(0, len(negatives), negatives_per_group):
-                chunk = [negatives[(start + offset) % len(negatives)] for offset in range(negatives_per_group)]
-                groups.append(TrainingGroup(query, positive, tuple(chunk)))
+    # (query, positive) → its negatives and scores (the positive's from the pool's first line) in file order
+    pooled: list[tuple[tuple[str, str], list[str], list[float]]] = []
+    for query, positive, negative, scores in read_scored_triples(path, max_triples):
+        if negatives_per_group > 1 and pooled and pooled[-1][0] == (query, positive):
+            pooled[-1][1].append(negative)
+        else:
+            pooled.append(((query, positive), [negative], [] if scores is None else [scores[0]]))
+        if scores is not None:
+            pooled[-1][2].append(scores[1])
+    groups = []
+    for (query, positive), negatives, scores in pooled:
+        for start in range(0, len(negatives), negatives_per_group):
+            chosen = [(start + offset) % len(negatives) for offset in range(negatives_per_group)]
+            teacher = (scores[0], *(scores[1 + index] for index in chosen)) if scores else None
+            groups.append(TrainingGroup(query, positive, tuple(negatives[index] for index in chosen), teacher))
     if not groups:
         raise ValueError(f"{path} holds no training triples")
     return groups
@@ -117,8 +157,13 @@ def with_batch_negatives(groups: Sequence[TrainingGroup], count: int) -> list[Tr
         borrowed = [text for text in dict.fromkeys(others) if text != group.positive][:count]
         # Too few other positives (a tiny batch, or one passage relevant to most of its queries): the group's own
         # negatives fill the rest, so every group of the batch keeps the same size.
-        borrowed += [group.negatives[i % len(group.negatives)] for i in range(count - len(borrowed))]
-        extended.append(TrainingGroup(group.query, group.positive, group.negatives + tuple(borrowed)))
+        fillers = count - len(borrowed)
+        teacher = group.teacher_scores
+        if teacher is not None:  # the teacher never scored the borrowed positives: none of its probability
+            teacher += (-math.inf,) * len(borrowed) + tuple(teacher[1 + i % len(group.negatives)]
+                                                           for i in range(fillers))
+        borrowed += [group.negatives[i % len(group.negatives)] for i in range(fillers)]
+        extended.append(TrainingGroup(group.query, group.positive, group.negatives + tuple(borrowed), teacher))
     return extended
 
 
@@ -132,11 +177,28 @@ def batch_group_size(groups: Sequence[TrainingGroup]) -> int:
     return 1 + sizes.pop()
 
 
+def batch_teacher_scores(groups: Sequence[TrainingGroup]):
+    """``[G, 1 + k]`` float32 tensor of the groups' teacher scores, or ``None`` when no group has any.
+
+    Raises:
+        ValueError: when only some groups of the batch are scored.
+    """
+    import torch
+
+    scored = [group.teacher_scores is not None for group in groups]
+    if not any(scored):
+        return None
+    if not all(scored):
+        raise ValueError("a batch mixes groups with and without teacher scores")
+    return torch.tensor([group.teacher_scores for group in groups], dtype=torch.float32)
+
+
 class GroupCollator:
     """Tokenizes a list of :class:`TrainingGroup` into one flat batch of ``G·(1+k)`` aligned (query, document) pairs,
     each group's positive first, with the tokenizers of ``model`` (so PreTTR, TK etc. get their own layouts).
 
-    Returns ``{"query_batch": {...}, "doc_batch": {...}, "labels": [G·(1+k)] (1 = positive), "group_size": 1+k}``.
+    Returns ``{"query_batch": {...}, "doc_batch": {...}, "labels": [G·(1+k)] (1 = positive), "group_size": 1+k,
+    "teacher_scores": [G, 1+k] or None}``.
     """
 
     def __init__(self, model):
@@ -156,6 +218,7 @@ class GroupCollator:
             "doc_batch": self.model.tokenize_documents(documents),
             "labels": torch.tensor(labels, dtype=torch.long),
             "group_size": group_size,
+            "teacher_scores": batch_teacher_scores(groups),
         }
 
 
@@ -170,6 +233,7 @@ class MiningReport:
     triples: int = 0
     skipped_no_positive: int = 0
     skipped_no_candidates: int = 0
+    skipped_unscored_positive: int = 0  # with teacher scores: no positive of the query is in the teacher's run
     short_of_negatives: int = 0  # queries with fewer non-relevant candidates than requested
 
 
@@ -196,7 +260,8 @@ def mine_negatives(
     depth: int = 100,
     seed: int = 42,
     relevance_level: int = 1,
-) -> tuple[list[tuple[str, str, str]], MiningReport]:
+    teacher_scores: Mapping[str, Mapping[str, float]] | None = None,
+) -> tuple[list[tuple], MiningReport]:
     """Text triples with negatives sampled from each query's first-stage top ``depth``.
 
     Every query of ``topics`` with at least one document judged ``>= relevance_level`` gets ``negatives_per_query``
@@ -209,9 +274,12 @@ def mine_negatives(
         qrels: qid → {docid → grade}.
         rankings: qid → docids of the first stage, best first.
         fetch_texts: ``list[docid] → list[text]``.
+        teacher_scores: qid → {docid → score} of a teacher (its run): every triple then also carries the scores of
+            its positive and negative, and positives the teacher did not score are left out (a query without a
+            scored positive is skipped).
 
     Returns:
-        ``(triples, report)``; triples in topic order.
+        ``(triples, report)``; triples in topic order, 5-tuples with ``teacher_scores``.
     """
     if negatives_per_query < 1:
         raise ValueError(f"negatives_per_query must be at least 1, not {negatives_per_query}")
@@ -223,7 +291,15 @@ def mine_negatives(
         if not positives:
             report.skipped_no_positive += 1
             continue
-        negatives = sample_negatives(rankings.get(qid, []), judgments, negatives_per_query, depth,
+        if teacher_scores is not None:
+            positives = [docid for docid in positives if docid in teacher_scores.get(qid, {})]
+            if not positives:
+                report.skipped_unscored_positive += 1
+                continue
+        ranking = rankings.get(qid, [])
+        if teacher_scores is not None:  # negatives need a teacher score too
+            ranking = [docid for docid in ranking if docid in teacher_scores.get(qid, {})]
+        negatives = sample_negatives(ranking, judgments, negatives_per_query, depth,
                                      random.Random(f"{seed}:{qid}"))
         if not negatives:
             report.skipped_no_candidates += 1
@@ -238,7 +314,10 @@ def mine_negatives(
         report.queries += 1
         for positive in positives:
             for negative in negatives:
-                triples.append((topics[qid], texts[positive], texts[negative]))
+                triple = (topics[qid], texts[positive], texts[negative])
+                if teacher_scores is not None:
+                    triple += (teacher_scores[qid][positive], teacher_scores[qid][negative])
+                triples.append(triple)
     report.triples = len(triples)
     return triples, report
 
@@ -325,6 +404,6 @@ def _looks_like_triples(path: PathLike) -> bool:
 
 
 __all__ = [
-    "TrainingGroup", "read_triples", "write_triples", "load_groups", "GroupCollator", "MiningReport",
+    "TrainingGroup", "read_triples", "read_scored_triples", "write_triples", "load_groups", "GroupCollator", "MiningReport",
     "sample_negatives", "mine_negatives", "collection_texts", "split_pseudo_query", "compressor_pairs",
 ]

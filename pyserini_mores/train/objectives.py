@@ -12,7 +12,8 @@ from typing import Iterable, Sequence
 import torch
 from torch import nn
 
-from ..models.losses import listwise_softmax_cross_entropy, pairwise_hinge, pointwise_cross_entropy, ranking_scores
+from ..models.losses import (listwise_distillation, listwise_softmax_cross_entropy, pairwise_hinge,
+                             pointwise_cross_entropy, ranking_scores)
 from ._choices import LOSSES, TRAIN_MODULES
 
 #: model type → parameter-name prefixes of the newly initialised score head (``head_lr`` applies to them)
@@ -29,7 +30,8 @@ MORES_MODULES = {
 }
 
 
-def ranking_loss(model: nn.Module, batch: dict, loss: str = "pointwise", margin: float = 1.0) -> torch.Tensor:
+def ranking_loss(model: nn.Module, batch: dict, loss: str = "pointwise", margin: float = 1.0,
+                 temperature: float = 1.0) -> torch.Tensor:
     """Scalar loss of one collated batch (``G`` groups of ``1 + k`` pairs, positive first).
 
     * ``pointwise`` — every pair is a labelled example: 2-class CE on ``forward_logits`` where the model has it
@@ -38,6 +40,7 @@ def ranking_loss(model: nn.Module, batch: dict, loss: str = "pointwise", margin:
     * ``pairwise`` — hinge ``max(0, margin − s⁺ + s⁻)`` over every (positive, negative) of a group (TK, EARL).
     * ``listwise`` — softmax CE over each group's ``1 + k`` scores; with one negative this is PreTTR's pairwise
       softmax loss ``−log softmax([s⁺, s⁻])[0]``.
+    * ``distill`` — softmax CE against ``softmax(teacher_scores / temperature)`` of each group (scored triples).
     """
     query_batch, doc_batch = batch["query_batch"], batch["doc_batch"]
     forward_logits = getattr(model, "forward_logits", None)
@@ -45,13 +48,22 @@ def ranking_loss(model: nn.Module, batch: dict, loss: str = "pointwise", margin:
         outputs = forward_logits(query_batch, doc_batch)
     else:
         outputs = model(query_batch, doc_batch)
-    return loss_of_outputs(outputs, batch["labels"], batch["group_size"], loss, margin)
+    return loss_of_outputs(outputs, batch["labels"], batch["group_size"], loss, margin,
+                           batch.get("teacher_scores"), temperature)
 
 
 def loss_of_outputs(outputs: torch.Tensor, labels: torch.Tensor, group_size: int, loss: str = "pointwise",
-                    margin: float = 1.0) -> torch.Tensor:
+                    margin: float = 1.0, teacher_scores: torch.Tensor | None = None,
+                    temperature: float = 1.0) -> torch.Tensor:
     """The loss of ``outputs`` — ``[B, 2]`` head logits or ``[B]`` ranking scores of ``B = G·(1+k)`` pairs, each
-    group's positive first — whichever way they were computed (from text, or from stored documents)."""
+    group's positive first — whichever way they were computed (from text, or from stored documents).
+
+    Raises:
+        ValueError: for ``distill`` without ``teacher_scores`` ``[G, 1+k]``.
+    """
+    if loss == "distill" and teacher_scores is None:
+        raise ValueError("the distill loss needs scored triples (a teacher's scores in fields 4 and 5): write them "
+                         "with mine-negatives --run TEACHER_RUN --teacher-scores")
     if loss == "pointwise":
         return pointwise_cross_entropy(outputs, labels.to(outputs.device))
     scores = (ranking_scores(outputs) if outputs.dim() == 2 else outputs).view(-1, group_size)
@@ -59,23 +71,28 @@ def loss_of_outputs(outputs: torch.Tensor, labels: torch.Tensor, group_size: int
         return pairwise_hinge(scores[:, 0], scores[:, 1:], margin=margin)
     if loss == "listwise":
         return listwise_softmax_cross_entropy(scores)
+    if loss == "distill":
+        return listwise_distillation(scores, teacher_scores.to(scores.device), temperature)
     raise ValueError(f"unknown loss '{loss}'; choose from {', '.join(LOSSES)}")
 
 
 class RankingObjective(nn.Module):
     """A ranking model plus its loss: ``forward(**batch) → {"loss": scalar}`` (Trainer-compatible)."""
 
-    def __init__(self, model: nn.Module, loss: str = "pointwise", margin: float = 1.0):
+    def __init__(self, model: nn.Module, loss: str = "pointwise", margin: float = 1.0, temperature: float = 1.0):
         super().__init__()
         if loss not in LOSSES:
             raise ValueError(f"unknown loss '{loss}'; choose from {', '.join(LOSSES)}")
         self.model = model
         self.loss = loss
         self.margin = margin
+        self.temperature = temperature
 
-    def forward(self, query_batch: dict, doc_batch: dict, labels: torch.Tensor, group_size: int) -> dict:
-        batch = {"query_batch": query_batch, "doc_batch": doc_batch, "labels": labels, "group_size": group_size}
-        return {"loss": ranking_loss(self.model, batch, self.loss, self.margin)}
+    def forward(self, query_batch: dict, doc_batch: dict, labels: torch.Tensor, group_size: int,
+                teacher_scores: torch.Tensor | None = None) -> dict:
+        batch = {"query_batch": query_batch, "doc_batch": doc_batch, "labels": labels, "group_size": group_size,
+                 "teacher_scores": teacher_scores}
+        return {"loss": ranking_loss(self.model, batch, self.loss, self.margin, self.temperature)}
 
 
 def batch_to_device(batch: dict, device: torch.device) -> dict:

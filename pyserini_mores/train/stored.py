@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .data import TrainingGroup, batch_group_size
+from .data import TrainingGroup, batch_group_size, batch_teacher_scores
 from .objectives import loss_of_outputs
 
 logger = logging.getLogger(__name__)
@@ -129,7 +129,8 @@ def open_stored_documents(model, sidecar: str | os.PathLike, index: str | os.Pat
 
 class StoredGroupCollator:
     """Like :class:`~.data.GroupCollator`, but documents come as stored rows: ``{"query_batch"`` (one tokenized
-    query per group), ``"docs" [G·(1+k), Lmax, width]``, ``"lengths"``, ``"labels"``, ``"group_size"}``."""
+    query per group), ``"docs" [G·(1+k), Lmax, width]``, ``"lengths"``, ``"labels"``, ``"group_size"``,
+    ``"teacher_scores"}``."""
 
     def __init__(self, model, documents: StoredDocuments):
         self.model = model
@@ -145,6 +146,7 @@ class StoredGroupCollator:
             "lengths": lengths,
             "labels": torch.tensor(([1] + [0] * (group_size - 1)) * len(groups), dtype=torch.long),
             "group_size": group_size,
+            "teacher_scores": batch_teacher_scores(groups),
         }
 
 
@@ -153,14 +155,15 @@ class StoredRankingObjective(nn.Module):
     scores: ``encode_query`` once per group, then ``score`` (or MORES's ``score_logits`` for the pointwise loss)
     against the group's stored documents."""
 
-    def __init__(self, model: nn.Module, loss: str = "pointwise", margin: float = 1.0):
+    def __init__(self, model: nn.Module, loss: str = "pointwise", margin: float = 1.0, temperature: float = 1.0):
         super().__init__()
         self.model = model
         self.loss = loss
         self.margin = margin
+        self.temperature = temperature
 
     def forward(self, query_batch: dict, docs: torch.Tensor, lengths: torch.Tensor, labels: torch.Tensor,
-                group_size: int) -> dict:
+                group_size: int, teacher_scores: torch.Tensor | None = None) -> dict:
         score = getattr(self.model, "score_logits", None) if self.loss == "pointwise" else None
         score = score or self.model.score
         outputs = []
@@ -168,7 +171,8 @@ class StoredRankingObjective(nn.Module):
             state = self.model.encode_query({name: tensor[group:group + 1] for name, tensor in query_batch.items()})
             pairs = slice(group * group_size, (group + 1) * group_size)
             outputs.append(score(state, docs[pairs], lengths[pairs]))
-        return {"loss": loss_of_outputs(torch.cat(outputs), labels, group_size, self.loss, self.margin)}
+        return {"loss": loss_of_outputs(torch.cat(outputs), labels, group_size, self.loss, self.margin,
+                                        teacher_scores, self.temperature)}
 
 
 __all__ = ["DEFAULT_SIDECAR", "StoredDocuments", "StoredGroupCollator", "StoredRankingObjective",

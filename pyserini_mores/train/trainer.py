@@ -59,8 +59,8 @@ DEFAULT_LOSSES = {"mores": "pointwise", "cross-encoder": "pointwise", "prettr": 
 #: settings that change the trajectory of a run; --resume refuses to continue with different values
 RESUME_MUST_MATCH = ("model_type", "init", "triples", "loss", "model_args", "train_modules", "batch_size",
                      "grad_accum", "lr", "head_lr", "weight_decay", "warmup_steps", "scheduler", "margin",
-                     "negatives_per_example", "batch_negatives", "max_triples", "seed", "bf16", "max_grad_norm", "freeze_embeddings",
-                     "doc_sidecar")
+                     "distill_temperature", "negatives_per_example", "batch_negatives", "max_triples", "seed", "bf16",
+                     "max_grad_norm", "freeze_embeddings", "doc_sidecar")
 
 
 @dataclass
@@ -73,8 +73,9 @@ class TrainingSettings:
             TK a GloVe text file (``*.txt``, ``*.txt.gz``).
         triples: ``query \\t positive \\t negative`` file.
         output: the output directory.
-        loss: ``pointwise`` 2-class CE, ``pairwise`` hinge (``margin``) or ``listwise`` softmax CE; ``None`` picks
-            the model's paper loss (:data:`DEFAULT_LOSSES`).
+        loss: ``pointwise`` 2-class CE, ``pairwise`` hinge (``margin``), ``listwise`` softmax CE or ``distill``
+            (softmax CE against a teacher's ``softmax(scores / distill_temperature)`` over each group; needs scored
+            triples); ``None`` picks the model's paper loss (:data:`DEFAULT_LOSSES`).
         model_args: config overrides for a model built from a backbone (e.g. ``n_interaction_blocks``).
         train_modules: ``all``, or MORES's ``interaction`` / ``representation``.
         freeze_embeddings: keep every embedding table at its initial value (the model can then ship as a small
@@ -115,6 +116,7 @@ class TrainingSettings:
     scheduler: str = "linear"
     max_grad_norm: float | None = 1.0
     margin: float = 1.0
+    distill_temperature: float = 1.0
     negatives_per_example: int = 1
     batch_negatives: int = 0
     max_triples: int | None = None
@@ -155,6 +157,8 @@ class TrainingSettings:
                      "save_total_limit", "dev_depth"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+        if not self.distill_temperature > 0:
+            raise ValueError(f"distill_temperature must be positive, not {self.distill_temperature}")
         if self.batch_negatives < 0:
             raise ValueError(f"batch_negatives must be >= 0, not {self.batch_negatives}")
         if self.max_steps is not None and self.max_steps < 1:
@@ -417,6 +421,10 @@ def train(
     seed_everything(settings.seed)
     if groups is None:
         groups = load_groups(settings.triples, settings.negatives_per_example, settings.max_triples)
+    if settings.loss == "distill" and groups[0].teacher_scores is None:
+        raise ValueError(f"the distill loss needs scored triples (a teacher's scores in fields 4 and 5), and "
+                         f"{settings.triples} has none: write them with mine-negatives --run TEACHER_RUN "
+                         "--teacher-scores")
     steps_per_epoch = len(groups) // settings.groups_per_step
     if steps_per_epoch == 0:
         raise ValueError(f"{len(groups)} training groups are fewer than one batch of {settings.groups_per_step}")
@@ -461,10 +469,10 @@ def train(
         documents = open_stored_documents(model, settings.doc_sidecar, settings.doc_index or settings.dev_index)
         documents.check_groups(groups)
         collate = StoredGroupCollator(model, documents)
-        objective = StoredRankingObjective(model, settings.loss, settings.margin)
+        objective = StoredRankingObjective(model, settings.loss, settings.margin, settings.distill_temperature)
     else:
         collate = GroupCollator(model)
-        objective = RankingObjective(model, settings.loss, settings.margin)
+        objective = RankingObjective(model, settings.loss, settings.margin, settings.distill_temperature)
     order = _EpochOrder(len(groups), settings.seed)
     micro_groups = settings.groups_per_step // settings.grad_accum
     resumed_from = state.global_step if checkpoint is not None else None
