@@ -30,6 +30,11 @@ MORES_MODULES = {
 }
 
 
+#: why the ``distill`` loss refuses unscored triples, and the command that scores them
+UNSCORED_TRIPLES = ("the distill loss needs scored triples (a teacher's scores in fields 4 and 5): write them with "
+                    "mine-negatives --run TEACHER_RUN --teacher-scores")
+
+
 def ranking_loss(model: nn.Module, batch: dict, loss: str = "pointwise", margin: float = 1.0,
                  temperature: float = 1.0) -> torch.Tensor:
     """Scalar loss of one collated batch (``G`` groups of ``1 + k`` pairs, positive first).
@@ -62,8 +67,7 @@ def loss_of_outputs(outputs: torch.Tensor, labels: torch.Tensor, group_size: int
         ValueError: for ``distill`` without ``teacher_scores`` ``[G, 1+k]``.
     """
     if loss == "distill" and teacher_scores is None:
-        raise ValueError("the distill loss needs scored triples (a teacher's scores in fields 4 and 5): write them "
-                         "with mine-negatives --run TEACHER_RUN --teacher-scores")
+        raise ValueError(UNSCORED_TRIPLES)
     if loss == "pointwise":
         return pointwise_cross_entropy(outputs, labels.to(outputs.device))
     scores = (ranking_scores(outputs) if outputs.dim() == 2 else outputs).view(-1, group_size)
@@ -197,5 +201,5 @@ def count_parameters(parameters: Iterable[nn.Parameter]) -> int:
     return sum(parameter.numel() for parameter in parameters)
 
 
-__all__ = ["LOSSES", "TRAIN_MODULES", "ranking_loss", "loss_of_outputs", "RankingObjective", "batch_to_device",
-           "mean_loss", "select_trainable", "parameter_groups", "count_parameters"]
+__all__ = ["LOSSES", "TRAIN_MODULES", "UNSCORED_TRIPLES", "ranking_loss", "loss_of_outputs", "RankingObjective",
+           "batch_to_device", "mean_loss", "select_trainable", "parameter_groups", "count_parameters"]

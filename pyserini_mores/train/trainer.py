@@ -42,7 +42,8 @@ from ..models import RankingModel, load_model, model_class
 from ..models.base import CONFIG_NAME, WEIGHTS_NAME
 from ._choices import LOSSES, SCHEDULERS, TRAIN_MODULES
 from .data import GroupCollator, TrainingGroup, load_groups, with_batch_negatives
-from .objectives import RankingObjective, batch_to_device, count_parameters, parameter_groups, select_trainable
+from .objectives import (UNSCORED_TRIPLES, RankingObjective, batch_to_device, count_parameters, parameter_groups,
+                         select_trainable)
 
 logger = logging.getLogger(__name__)
 
@@ -422,9 +423,7 @@ def train(
     if groups is None:
         groups = load_groups(settings.triples, settings.negatives_per_example, settings.max_triples)
     if settings.loss == "distill" and groups[0].teacher_scores is None:
-        raise ValueError(f"the distill loss needs scored triples (a teacher's scores in fields 4 and 5), and "
-                         f"{settings.triples} has none: write them with mine-negatives --run TEACHER_RUN "
-                         "--teacher-scores")
+        raise ValueError(f"{UNSCORED_TRIPLES}; {settings.triples} has none")
     steps_per_epoch = len(groups) // settings.groups_per_step
     if steps_per_epoch == 0:
         raise ValueError(f"{len(groups)} training groups are fewer than one batch of {settings.groups_per_step}")
