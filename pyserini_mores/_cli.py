@@ -20,6 +20,9 @@ def define_model_args(parser: argparse.ArgumentParser, *, default_reranker: str 
                        help="compute precision of the model (bf16: autocast, much faster on AMX/AVX-512 CPUs)")
 
 
+PYTHON_CONSTANTS = {"True": True, "False": False, "None": None}
+
+
 def parse_model_args(items: list[str]) -> dict:
     """``["reuse=s1", "n_interaction_blocks=2"]`` → ``{"reuse": "s1", "n_interaction_blocks": 2}``."""
     overrides = {}
@@ -27,6 +30,9 @@ def parse_model_args(items: list[str]) -> dict:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise SystemExit(f"error: --model-arg expects KEY=VALUE, got '{item}'")
+        if value in PYTHON_CONSTANTS:  # tied=False as a Python user writes it, not the truthy string "False"
+            overrides[key.strip()] = PYTHON_CONSTANTS[value]
+            continue
         try:
             overrides[key.strip()] = json.loads(value)
         except ValueError:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -54,10 +55,13 @@ def test_dry_run_prints_every_step_in_order_and_their_arguments_parse(pipeline, 
     assert f"--recipe mores-debian --triples {work / 'triples.train.maxsim.tsv'}" in out
     assert f"--recipe cross-encoder-debian --triples {work / 'triples.train.tsv'}" in out
     assert "--recipe mores-debian" in out and "--model-arg n_interaction_blocks=1" in out
-    # MORES trains against the S1 sidecar of MiniLM, built first with the recipe's model arguments
+    # MORES starts from the trained MaxSim encoder and trains against its S1 sidecar, built first with the recipe's
+    # model arguments (JSON values: tied=false, which the command line reads as the boolean)
+    maxsim = work / "models" / "maxsim"
     assert ("[sidecar-mores-2ib] $ " + f"{sys.executable} -m pyserini_mores.sidecar build --index "
-            f"{tmp_path / 'work' / 'index'} --reranker mores --model minilm --model-arg n_interaction_blocks=2") in out
-    assert "--model-arg reuse=s1 --precision bf16" in out
+            f"{work / 'index'} --reranker mores --model {maxsim} --model-arg n_interaction_blocks=2") in out
+    assert "--model-arg reuse=s1 --model-arg pooling=avg --model-arg tied=false --precision bf16" in out
+    assert f"--output {work / 'models' / 'mores-2ib'}" in out and f"--resume --init {maxsim}" in out
     # PreTTR starts from the trained cross-encoder, and so does its compressor's pre-training
     cross_encoder = tmp_path / "work" / "models" / "cross-encoder"
     assert f"--recipe prettr-debian --triples" in out and f"--init {cross_encoder}" in out
@@ -96,6 +100,25 @@ def test_bad_arguments_and_unknown_recipes_are_caught_without_running(pipeline):
     command = [sys.executable, "-m", "pyserini_mores.train", "train", "--recipe", "no-such-recipe", "--output", "x"]
     with pytest.raises(SystemExit, match=r"\[train-x\] .*no-such-recipe"):
         pipeline.check_arguments("train-x", command)
+
+
+def test_a_finished_step_whose_command_changed_is_not_skipped_silently(pipeline, data_dir, tmp_path, capsys):
+    work = tmp_path / "w"
+    pipeline.main(["--data", str(data_dir), "--work", str(work), "--models", "tk", "--dry-run"])
+    command = next(line.split("$ ", 1)[1] for line in capsys.readouterr().out.splitlines()
+                   if line.startswith("[train-tk] $ "))
+    work.mkdir(exist_ok=True)
+    journal = {"index": {"seconds": 1.0, "command": None},
+               "train-tk": {"seconds": 60.0, "command": command.replace("--recipe tk-debian", "--recipe tk-old")}}
+    (work / "pipeline.json").write_text(json.dumps(journal))
+    (work / "index").mkdir(exist_ok=True)
+    with pytest.raises(SystemExit, match=r"(?s)\[train-tk\] finished earlier with another command:\n  then: .*"
+                                         r"--recipe tk-old.*\n  now:  .*--recipe tk-debian.*delete \"train-tk\" from"):
+        pipeline.main(["--data", str(data_dir), "--work", str(work), "--models", "tk", "--dry-run"])
+    journal["train-tk"]["command"] = command  # the same command: skipped as done
+    (work / "pipeline.json").write_text(json.dumps(journal))
+    pipeline.main(["--data", str(data_dir), "--work", str(work), "--models", "tk", "--dry-run"])
+    assert "[train-tk] done (60 s), skipped" in capsys.readouterr().out
 
 
 def test_missing_data_file_is_named(pipeline, data_dir, tmp_path):

@@ -290,6 +290,30 @@ def test_save_pretrained_round_trip(tokenizer, tiny_dims, tmp_path, tied, poolin
                                                                              model.store_fingerprint())
 
 
+def test_a_tied_checkpoint_loads_untied_with_the_same_scores_and_its_own_query_layers(tokenizer, tiny_dims,
+                                                                                      tmp_path):
+    model = make_model(tiny_dims, tokenizer, tied=True, n_interaction_blocks=2)
+    before = all_scores(model)
+    model.save_pretrained(tmp_path)
+    untied = load_model("mores", tmp_path, tied=False)  # e.g. --init TIED_CHECKPOINT with a tied=false recipe
+    assert untied.config.tied is False
+    assert untied.query_module.layers[1] is not untied.document_module.layers[1]
+    after = all_scores(untied)
+    for name in before:
+        assert torch.equal(after[name], before[name]), name
+    assert untied.store_fingerprint() == model.store_fingerprint()  # the document module, so the sidecar, is kept
+    with torch.no_grad():  # copies, not shared: training the query layers leaves the stored documents alone
+        untied.query_module.layers[0].ffn.output.weight.add_(1.0)
+    assert not torch.equal(untied.document_module.layers[0].ffn.output.weight,
+                           untied.query_module.layers[0].ffn.output.weight)
+
+
+def test_an_untied_checkpoint_is_not_tied_on_load(tokenizer, tiny_dims, tmp_path):
+    make_model(tiny_dims, tokenizer, tied=False, n_interaction_blocks=2).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="query module has its own layers; tying them .* would drop them"):
+        load_model("mores", tmp_path, tied=True)
+
+
 @pytest.mark.parametrize("tied", [True, False])
 def test_separate_module_round_trip(tokenizer, tiny_dims, tmp_path, tied):
     model = make_model(tiny_dims, tokenizer, tied=tied, n_interaction_blocks=2)

@@ -1,5 +1,6 @@
-"""A trained cross-encoder checkpoint as the starting point of MORES and PreTTR (``--init CE_DIR``): every copied
-tensor is the cross-encoder's, PreTTR at l = 0 scores exactly like it, and other model types still refuse it."""
+"""A trained cross-encoder or MaxSim checkpoint as the starting point of MORES and PreTTR (``--init DIR``): every
+copied tensor is the ranker's, PreTTR at l = 0 scores exactly like the cross-encoder, MORES's document module
+encodes exactly like the MaxSim encoder, and other model types still refuse them."""
 from __future__ import annotations
 
 import pytest
@@ -7,6 +8,7 @@ import torch
 
 from pyserini_mores.models import load_model
 from pyserini_mores.models.cross_encoder import CrossEncoder, CrossEncoderConfig
+from pyserini_mores.models.dual_encoder import DualEncoder, DualEncoderConfig
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -24,6 +26,18 @@ def cross_encoder_dir(tiny_dims, tokenizer, tmp_path):
             parameter.add_(torch.randn_like(parameter) * 0.3)
     model.eval().save_pretrained(tmp_path / "cross-encoder")
     return tmp_path / "cross-encoder", model
+
+
+@pytest.fixture
+def maxsim_dir(tiny_dims, tokenizer, tmp_path):
+    torch.manual_seed(4)
+    model = DualEncoder(DualEncoderConfig(encoder=tiny_dims, query_max_length=8, doc_max_length=32,
+                                          projection_dim=16), tokenizer)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.3)
+    model.eval().save_pretrained(tmp_path / "maxsim")
+    return tmp_path / "maxsim", model
 
 
 @torch.no_grad()
@@ -69,4 +83,31 @@ def test_a_head_of_another_shape_is_refused(cross_encoder_dir):
 def test_models_that_cannot_start_from_a_cross_encoder_refuse_it(cross_encoder_dir, model_type):
     directory, _ = cross_encoder_dir
     with pytest.raises(ValueError, match=f"holds a 'cross-encoder' checkpoint, not a '{model_type}' one"):
+        load_model(model_type, directory)
+
+
+@torch.no_grad()
+def test_mores_from_a_maxsim_encoder_stores_its_token_states(maxsim_dir, tiny_documents):
+    directory, maxsim = maxsim_dir
+    mores = load_model("mores", directory, n_interaction_blocks=2, reuse="s1", doc_max_length=32).eval()
+    texts = [doc["contents"] for doc in tiny_documents[:4]]
+    batch = mores.tokenize_documents(texts)
+    # S1 stores the document module's last states: the MaxSim encoder's, before its projection and normalisation
+    expected = maxsim.encoder(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
+    for stored, states, length in zip(mores.encode_documents(batch), expected, batch["attention_mask"].sum(1)):
+        torch.testing.assert_close(stored, states[:length], rtol=0, atol=1e-5)
+    block = mores.interaction_module.blocks[-1]
+    assert torch.equal(block.cross_attention.query.weight, maxsim.encoder.layers[-1].attention.query.weight)
+    assert mores.config.backbone == str(directory)
+
+
+def test_mores_from_a_maxsim_encoder_gets_a_fresh_head_of_any_shape(maxsim_dir):
+    directory, _ = maxsim_dir  # a dual encoder has no head to copy, so no shape to match either
+    assert load_model("mores", directory, num_labels=1).interaction_module.head.weight.shape[0] == 1
+
+
+@pytest.mark.parametrize("model_type", ["tk", "cross-encoder"])
+def test_models_that_cannot_start_from_a_maxsim_encoder_refuse_it(maxsim_dir, model_type):
+    directory, _ = maxsim_dir
+    with pytest.raises(ValueError, match=f"holds a 'maxsim' checkpoint, not a '{model_type}' one"):
         load_model(model_type, directory)

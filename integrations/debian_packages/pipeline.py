@@ -1,14 +1,16 @@
 """The whole debian-packages experiment, end to end on CPU, with the offline MiniLM backbone.
 
 index → BM25 runs → mined negatives → train every reranker (cross-encoder, MORES 2×IB and 1×IB, PreTTR l = L−1 with
-and without compression, TK, and the MaxSim dual encoder of the embedded default; MORES learns from MaxSim: the
-teacher reranks the training queries and negatives are mined from its run with its scores) → sidecars → rerank BM25
+and without compression, TK, and the MaxSim dual encoder of the embedded default; MORES starts from MaxSim's trained
+encoder and learns from MaxSim's scores: the teacher reranks the training queries and negatives are mined from its
+run with its scores) → sidecars → rerank BM25
 candidates of the test (and dev) queries → time 1000-candidate reranking → one results table (MRR@10, nDCG@10, R@10,
 ms/query for 1000 candidates, bytes/doc, the non-inferiority test of every model against the cross-encoder).
 
 Every step is one of the package's commands, printed before it runs, so any of them can be copied. A journal
-(``WORK/pipeline.json``) records each finished step with its time; a re-run skips finished steps (training and sidecar
-builds also resume from inside an interrupted step), so a killed pipeline continues where it stopped.
+(``WORK/pipeline.json``) records each finished step with its time and command; a re-run skips finished steps
+(training and sidecar builds also resume from inside an interrupted step), so a killed pipeline continues where it
+stopped, and refuses to skip one whose command has changed since (an edited recipe row or flag).
 
     python integrations/debian_packages/pipeline.py --data ../shared/data/debian-packages --work runs/debian
     python integrations/debian_packages/pipeline.py ... --models mores-2ib cross-encoder --dry-run
@@ -48,13 +50,13 @@ class Model:
 
 
 MODELS = (
-    # not from the papers: the embedded default's reranker, and MORES's teacher
+    # not from the papers: the embedded default's reranker, and MORES's starting point and teacher
     Model("maxsim", "maxsim", "maxsim-debian"),
     Model("cross-encoder", "cross-encoder", "cross-encoder-debian", stores=False),
     Model("mores-2ib", "mores", "mores-debian", rerank_args=("--model-arg", "reuse=s1"), sidecar_first=True,
-          teacher="maxsim"),
+          init_from="maxsim", teacher="maxsim"),
     Model("mores-1ib", "mores", "mores-debian", ("--model-arg", "n_interaction_blocks=1"),
-          ("--model-arg", "reuse=s1"), sidecar_first=True, teacher="maxsim"),
+          ("--model-arg", "reuse=s1"), sidecar_first=True, init_from="maxsim", teacher="maxsim"),
     Model("prettr-l4", "prettr", "prettr-debian", init_from="cross-encoder"),
     Model("prettr-l4-e128", "prettr", "prettr-debian", ("--model-arg", "compression_dim=128"),
           needs_compressor=True, init_from="cross-encoder"),
@@ -103,11 +105,21 @@ class Pipeline:
         tmp.write_text(json.dumps(self.journal, indent=2) + "\n")
         os.replace(tmp, path)  # a kill never leaves a half-written journal
 
+    def check_same_command(self, step: str, command: list[str]) -> None:
+        """Refuse to skip a finished step whose command has changed since (a recipe row or flag edited): its
+        outputs are those of the old command, and the table would silently mix the two."""
+        recorded, now = self.journal[step].get("command"), shlex.join(map(str, command))
+        if recorded is not None and recorded != now:
+            raise SystemExit(f"[{step}] finished earlier with another command:\n  then: {recorded}\n  now:  {now}\n"
+                             f"To redo it, move its outputs aside and delete \"{step}\" from "
+                             f"{self.work / 'pipeline.json'}; to keep it, run with the settings it was made with.")
+
     def run(self, step: str, command: list[str], capture: bool = False, done: Path | None = None,
             seconds_from=None, always: bool = False) -> str | None:
         """Run ``command`` as ``step`` unless the journal (or ``done``, an output written last by the command
         itself) says it finished (``always``: run it anyway); returns its stdout when ``capture``."""
         if step in self.journal and not always:
+            self.check_same_command(step, command)
             print(f"[{step}] done ({self.journal[step]['seconds']:.0f} s), skipped")
             return self.journal[step].get("stdout")
         if done is not None and done.exists():
@@ -207,7 +219,8 @@ class Pipeline:
         settings = read_recipe(model.recipe)["settings"]
         start = (self.model_dir("prettr-compressor") if model.needs_compressor else
                  self.model_dir(model.init_from) if model.init_from else settings["init"])
-        arguments = [f"{key}={value}" for key, value in settings.get("model_args", {}).items()]
+        arguments = [f"{key}={value if isinstance(value, str) else json.dumps(value)}"
+                     for key, value in settings.get("model_args", {}).items()]
         arguments += [value for flag, value in zip(model.train_args[::2], model.train_args[1::2])
                       if flag == "--model-arg"]
         self.run(f"sidecar-{model.name}", [*PY, "pyserini_mores.sidecar", "build", "--index", self.index,

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import torch
 
-from .backbones import OFFLINE_MINILM_NAMES, trained_cross_encoder
+from .backbones import ENCODER_RANKERS, OFFLINE_MINILM_NAMES, trained_ranker
 from .base import RankingConfig, RankingModel, pad_documents
 
 INIT_SEED = 0
-#: model types whose encoder (and [CLS] head) can start from a trained cross-encoder checkpoint (``--init CE_DIR``)
+#: model types whose encoder can start from a trained cross-encoder or MaxSim checkpoint (``--init DIR``; a
+#: cross-encoder's [CLS] head too)
 RANKER_INITIALISED = ("mores", "prettr")
 #: trained models shipped inside the package (as deltas over the bundled MiniLM), loadable by directory name
 SHIPPED_MODELS_DIR = Path(__file__).resolve().parents[1] / "resources" / "models"
@@ -61,7 +62,7 @@ def load_model(model_type: str, name_or_path: str | os.PathLike, **overrides) ->
             model = (load_delta(cls, name_or_path, **overrides) if is_delta_checkpoint(name_or_path)
                      else cls.from_pretrained(name_or_path, **overrides))
         elif values.get("model_type") in MODEL_CLASSES and not (
-                values["model_type"] == "cross-encoder" and model_type in RANKER_INITIALISED):
+                values["model_type"] in ENCODER_RANKERS and model_type in RANKER_INITIALISED):
             raise ValueError(
                 f"{name_or_path} holds a '{values['model_type']}' checkpoint, not a '{model_type}' one"
             )
@@ -80,7 +81,7 @@ def load_model(model_type: str, name_or_path: str | os.PathLike, **overrides) ->
 def _copy_ranker_head(model: RankingModel, name_or_path: str | os.PathLike) -> None:
     """Start ``model``'s [CLS] head from a trained cross-encoder's when it was initialised from one: the blocks that
     produce the pooled [CLS] are that cross-encoder's top layers, so its decision function is the best known start."""
-    ranker = trained_cross_encoder(name_or_path)
+    ranker = trained_ranker(name_or_path, model_types=("cross-encoder",))
     head = getattr(model, "ranking_head", None)
     if ranker is None or head is None:
         return

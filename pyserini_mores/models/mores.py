@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable
 
@@ -61,7 +61,8 @@ from ._layers import (
     score_head,
 )
 from .backbones import DEFAULT_BACKBONE, load_backbone
-from .base import CONFIG_NAME, WEIGHTS_NAME, RankingConfig, RankingModel, check_tokenizer_files
+from .base import (CONFIG_NAME, WEIGHTS_NAME, RankingConfig, RankingModel, check_tokenizer_files,
+                   read_checkpoint_config)
 from .losses import ranking_scores
 
 POOLINGS = ("cls", "avg")
@@ -539,7 +540,23 @@ class MoresModel(RankingModel):
         directory = Path(directory)
         if not (directory / WEIGHTS_NAME).is_file() and (directory / MODULE_NAMES[0]).is_dir():
             return cls.from_modules(directory, **overrides)
+        stored_tied = read_checkpoint_config(directory).get("tied", True)
+        if "tied" in overrides and bool(overrides["tied"]) != stored_tied:
+            if not stored_tied:
+                raise ValueError(f"{directory} holds a MORES whose query module has its own layers; tying them to "
+                                 "the document module's would drop them (leave tied as stored)")
+            # e.g. a tied checkpoint as --init of a recipe with tied=false: the query module starts as copies
+            return super().from_pretrained(directory, **{**overrides, "tied": True}).untied()
         return super().from_pretrained(directory, **overrides)
+
+    def untied(self) -> "MoresModel":
+        """This model with the query module's layers as copies of the shared ones (scores unchanged), so that they
+        can train while the document module (and its sidecar) stays fixed."""
+        if not self.config.tied:
+            return self
+        model = type(self)(replace(self.config, tied=False), self.tokenizer)
+        model.load_state_dict(self.state_dict())  # a tied state dict names the shared layers under both modules
+        return model.train(self.training)
 
     def _module_state(self, name: str) -> dict[str, torch.Tensor]:
         if name == "query_module" and self.config.tied:
