@@ -308,6 +308,11 @@ def test_a_tied_checkpoint_loads_untied_with_the_same_scores_and_its_own_query_l
                            untied.query_module.layers[0].ffn.output.weight)
 
 
+def test_tied_must_be_a_boolean(tiny_dims):
+    with pytest.raises(ValueError, match="tied must be true or false, not 'False'"):
+        MoresConfig(encoder=tiny_dims, tied="False")
+
+
 def test_an_untied_checkpoint_is_not_tied_on_load(tokenizer, tiny_dims, tmp_path):
     make_model(tiny_dims, tokenizer, tied=False, n_interaction_blocks=2).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="query module has its own layers; tying them .* would drop them"):

@@ -117,6 +117,8 @@ class MoresConfig(RankingConfig):
         _check_choice("ib_init", self.ib_init, IB_INITS)
         if self.num_labels not in (1, 2):
             raise ValueError(f"num_labels must be 1 or 2, not {self.num_labels}")
+        if not isinstance(self.tied, bool):  # the string "False" would silently mean tied
+            raise ValueError(f"tied must be true or false, not {self.tied!r}")
         if self.n_interaction_blocks < 1:
             raise ValueError(f"n_interaction_blocks must be at least 1, not {self.n_interaction_blocks}")
         if self.encoder is not None and self.n_interaction_blocks >= self.encoder.num_hidden_layers:
