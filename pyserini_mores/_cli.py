@@ -23,6 +23,12 @@ def define_model_args(parser: argparse.ArgumentParser, *, default_reranker: str 
 PYTHON_CONSTANTS = {"True": True, "False": False, "None": None}
 
 
+def format_model_arg(key: str, value) -> str:
+    """``KEY=VALUE`` as :func:`parse_model_args` reads it back: plain strings bare, everything else JSON — for the
+    commands printed in hints and by the pipelines."""
+    return f"{key}={value if isinstance(value, str) else json.dumps(value)}"
+
+
 def parse_model_args(items: list[str]) -> dict:
     """``["reuse=s1", "n_interaction_blocks=2"]`` → ``{"reuse": "s1", "n_interaction_blocks": 2}``."""
     overrides = {}

@@ -214,13 +214,13 @@ class Pipeline:
     def build_sidecar_of_start(self, model: Model) -> None:
         """The sidecar a ``sidecar_first`` row trains against: its starting model with the recipe's model arguments
         (what the stored vectors depend on), written where ``--doc-sidecar default`` and the search look for it."""
+        from pyserini_mores._cli import format_model_arg
         from pyserini_mores.train.recipes import read_recipe
 
         settings = read_recipe(model.recipe)["settings"]
         start = (self.model_dir("prettr-compressor") if model.needs_compressor else
                  self.model_dir(model.init_from) if model.init_from else settings["init"])
-        arguments = [f"{key}={value if isinstance(value, str) else json.dumps(value)}"
-                     for key, value in settings.get("model_args", {}).items()]
+        arguments = [format_model_arg(key, value) for key, value in settings.get("model_args", {}).items()]
         arguments += [value for flag, value in zip(model.train_args[::2], model.train_args[1::2])
                       if flag == "--model-arg"]
         self.run(f"sidecar-{model.name}", [*PY, "pyserini_mores.sidecar", "build", "--index", self.index,

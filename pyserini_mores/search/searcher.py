@@ -7,6 +7,7 @@ import os
 import time
 from pathlib import Path
 
+from .._cli import format_model_arg
 from ..index import ResolvedIndex, fetch_texts, index_identity, open_searcher, resolve_index
 from ..rerankers import Reranker, get_reranker
 from ..types import Query, RerankedHit, hits_to_texts, texts_to_hits
@@ -185,6 +186,7 @@ def sidecar_build_command(searcher: RerankingSearcher, output: Path) -> str:
     model = searcher.reranker.model
     parts = ["python -m pyserini_mores.sidecar build", f"--index {searcher.index.prebuilt_name or searcher.index.path}",
              f"--reranker {searcher.reranker.name}", f"--model {getattr(model, 'source', None) or model.config.backbone}"]
-    parts += [f"--model-arg {key}={value}" for key, value in getattr(model, "source_overrides", {}).items()]
+    parts += [f"--model-arg {format_model_arg(key, value)}"
+              for key, value in getattr(model, "source_overrides", {}).items()]
     parts.append(f"--output {output}")
     return " ".join(parts)

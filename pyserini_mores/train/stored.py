@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .._cli import format_model_arg
 from .data import TrainingGroup, batch_group_size, batch_teacher_scores
 from .objectives import loss_of_outputs
 
@@ -113,7 +114,7 @@ def open_stored_documents(model, sidecar: str | os.PathLike, index: str | os.Pat
 
         sidecar = default_sidecar_path(resolved.path, model.model_type, model)
         if not sidecar.exists():
-            arguments = " ".join(f"--model-arg {key}={value}"
+            arguments = " ".join(f"--model-arg {format_model_arg(key, value)}"
                                  for key, value in getattr(model, "source_overrides", {}).items())
             raise FileNotFoundError(
                 f"no sidecar of this {model.model_type} model beside the index ({sidecar}); build it first: python -m "
