@@ -62,18 +62,26 @@ def test_dry_run_prints_every_step_in_order_and_their_arguments_parse(pipeline, 
             f"{work / 'index'} --reranker mores --model {maxsim} --model-arg n_interaction_blocks=2") in out
     assert "--model-arg reuse=s1 --model-arg pooling=avg --model-arg tied=false --precision bf16" in out
     assert f"--output {work / 'models' / 'mores-2ib'}" in out and f"--resume --init {maxsim}" in out
-    # PreTTR starts from the trained cross-encoder, and so does its compressor's pre-training
-    cross_encoder = tmp_path / "work" / "models" / "cross-encoder"
-    assert f"--recipe prettr-debian --triples" in out and f"--init {cross_encoder}" in out
-    assert f"--recipe prettr-compressor-debian --texts {data_dir / 'collection.tsv'}" in out
+    # PreTTR starts from the trained MaxSim encoder, and so does its compressor's pre-training; both train against
+    # the sidecar of their start's layer-4 states, on MaxSim's scored triples
+    assert ("[sidecar-prettr-l4] $ " + f"{sys.executable} -m pyserini_mores.sidecar build --index "
+            f"{work / 'index'} --reranker prettr --model {maxsim} --model-arg join_layer=4") in out
+    assert (f"--recipe prettr-debian --triples {work / 'triples.train.maxsim.tsv'} "
+            f"--output {work / 'models' / 'prettr-l4'}") in out
+    assert (f"--recipe prettr-compressor-debian --texts {data_dir / 'collection.tsv'} "
+            f"--output {work / 'models' / 'prettr-compressor'} --init {maxsim}") in out
+    assert ("[sidecar-prettr-l4-e128] $ " + f"{sys.executable} -m pyserini_mores.sidecar build --index "
+            f"{work / 'index'} --reranker prettr --model {work / 'models' / 'prettr-compressor'}") in out
     assert not (tmp_path / "work" / "pipeline.json").exists(), "a dry run must not record anything as done"
 
 
 def test_a_model_that_starts_from_another_brings_it_along(pipeline, data_dir, tmp_path, capsys):
     pipeline.main(["--data", str(data_dir), "--work", str(tmp_path / "w"), "--models", "prettr-l4", "--dry-run"])
     out = capsys.readouterr().out
-    assert "also training cross-encoder: prettr-l4 start from it" in out
-    assert out.index("[train-cross-encoder]") < out.index("[train-prettr-l4]") < out.index("[sidecar-prettr-l4]")
+    assert "also training maxsim: prettr-l4 start from it or learn from it" in out
+    assert "[train-cross-encoder]" not in out
+    assert (out.index("[train-maxsim]") < out.index("[sidecar-prettr-l4]") < out.index("[train-prettr-l4]")
+            < out.index("[rerank-prettr-l4-test]"))
 
 
 def test_a_model_that_learns_from_a_teacher_brings_it_along(pipeline, data_dir, tmp_path, capsys):

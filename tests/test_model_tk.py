@@ -330,3 +330,39 @@ def test_from_backbone_minilm_uses_its_frozen_word_embeddings(tokenizer):
     assert [group["lr"] for group in groups] == [1e-4, 1e-3]
     scores = model.score_texts("text editor", ["Vim is a text editor.", "nginx is a web server."])
     assert scores.shape == (2,) and torch.isfinite(scores).all()
+
+
+def test_exact_match_warm_start_scores_log_term_frequency_of_query_terms(tokenizer):
+    """scoring_init='exact-match' with mixer_init=1: before any training the score is
+    pooled_scale * sum over query terms of log2(kernel mass at mu = 1), i.e. a log-tf exact-match scorer."""
+    torch.manual_seed(0)
+    model = TKModel.from_backbone("minilm", num_layers=1, scoring_init="exact-match", mixer_init=1.0).eval()
+    assert model.mixer.item() == 1.0 and model.combine.weight[0, 0].item() == 1.0
+    exact = model.config.kernel_mus.index(1.0)
+    assert model.log_weights.weight[0, exact] == 1.0 and model.log_weights.weight.abs().sum() == 1.0
+    docs = ["editor editor editor for text", "an editor for text", "nginx serves web pages fast"]
+    scores = model.score_texts("editor", docs)
+    assert scores[0] > scores[1] > scores[2]
+    explanation = model.explain_texts("editor", docs)
+    assert explanation["query_tokens"] == ["editor"]
+    assert torch.allclose(scores, explanation["s_log"] + explanation["s_len"] * explanation["gamma"], atol=1e-6)
+    # one query term, matched 3 times / once exactly (cosine 1); the other kernels carry no weight
+    mass = explanation["query_kernel_mass"][:, 0, exact]
+    assert torch.allclose(mass[:2], torch.tensor([3.0, 1.0]), atol=1e-3)
+    assert torch.allclose(explanation["s_log"][:2], model.pooled_scale * torch.log2(mass[:2]), atol=1e-6)
+
+
+def test_paper_init_is_the_default_and_warm_start_options_are_checked():
+    from pyserini_mores.train.recipes import read_recipe
+
+    config = TKConfig()
+    assert (config.mixer_init, config.scoring_init) == (0.5, "paper")
+    debian = TKConfig(**read_recipe("tk-debian")["settings"]["model_args"])  # the recipe spells the warm start right
+    assert (debian.mixer_init, debian.scoring_init) == (1.0, "exact-match")
+    assert "scoring_init" not in read_recipe("tk-msmarco")["settings"].get("model_args", {})  # the paper's init
+    with pytest.raises(ValueError, match="scoring_init must be one of"):
+        TKConfig(scoring_init="bm25")
+    with pytest.raises(ValueError, match="needs a kernel centred at 1.0"):
+        TKConfig(scoring_init="exact-match", kernel_mus=[0.9, 0.5])
+    with pytest.raises(ValueError, match=r"mixer_init \(alpha\) must lie in \[0, 1\]"):
+        TKConfig(mixer_init=1.5)
