@@ -53,7 +53,7 @@ def test_dry_run_prints_every_step_in_order_and_their_arguments_parse(pipeline, 
     assert (f"--rerank-depth 50 --hits 50 --precision bf16 --output {work / 'runs' / 'maxsim.train.trec'}") in out
     assert f"--run {work / 'runs' / 'maxsim.train.trec'} --index" in out and "--teacher-scores" in out
     assert f"--recipe mores-debian --triples {work / 'triples.train.maxsim.tsv'}" in out
-    assert f"--recipe cross-encoder-debian --triples {work / 'triples.train.tsv'}" in out
+    assert f"--recipe cross-encoder-debian --triples {work / 'triples.train.maxsim.tsv'}" in out
     assert f"--recipe tk-debian --triples {work / 'triples.train.maxsim.tsv'}" in out  # its recipe's loss: distill
     assert "--recipe mores-debian" in out and "--model-arg n_interaction_blocks=1" in out
     # MORES starts from the trained MaxSim encoder and trains against its S1 sidecar, built first with the recipe's
