@@ -117,13 +117,13 @@ class TKConfig(RankingConfig):
             raise ValueError(f"TK needs at least one contextualising layer, got num_layers={self.num_layers}")
         if not self.kernel_mus or self.kernel_sigma <= 0:
             raise ValueError("TK needs at least one kernel centre and kernel_sigma > 0")
+        self.kernel_mus = [float(mu) for mu in self.kernel_mus]
         if self.scoring_init not in SCORING_INITS:
             raise ValueError(f"TK scoring_init must be one of {SCORING_INITS}, not {self.scoring_init!r}")
-        if self.scoring_init == "exact-match" and 1.0 not in [float(mu) for mu in self.kernel_mus]:
+        if self.scoring_init == "exact-match" and 1.0 not in self.kernel_mus:
             raise ValueError("TK scoring_init='exact-match' needs a kernel centred at 1.0 in kernel_mus")
         if not 0.0 <= self.mixer_init <= 1.0:
             raise ValueError(f"TK mixer_init (alpha) must lie in [0, 1], not {self.mixer_init}")
-        self.kernel_mus = [float(mu) for mu in self.kernel_mus]
 
 
 class TKQueryState(NamedTuple):

@@ -183,10 +183,17 @@ def _below(head: list[RerankedHit], tail: list[RerankedHit], start_rank: int) ->
 
 
 def sidecar_build_command(searcher: RerankingSearcher, output: Path) -> str:
-    model = searcher.reranker.model
-    parts = ["python -m pyserini_mores.sidecar build", f"--index {searcher.index.prebuilt_name or searcher.index.path}",
-             f"--reranker {searcher.reranker.name}", f"--model {getattr(model, 'source', None) or model.config.backbone}"]
+    return build_command_for(searcher.index.prebuilt_name or searcher.index.path, searcher.reranker.name,
+                             searcher.reranker.model, output)
+
+
+def build_command_for(index, reranker: str, model, output: Path | None = None) -> str:
+    """The ``sidecar build`` command that writes ``model``'s sidecar: the model as it was loaded (its source and
+    overrides, printed so that ``--model-arg`` reads them back), and ``--output`` when not the default place."""
+    parts = ["python -m pyserini_mores.sidecar build", f"--index {index}", f"--reranker {reranker}",
+             f"--model {getattr(model, 'source', None) or model.config.backbone}"]
     parts += [f"--model-arg {format_model_arg(key, value)}"
               for key, value in getattr(model, "source_overrides", {}).items()]
-    parts.append(f"--output {output}")
+    if output is not None:
+        parts.append(f"--output {output}")
     return " ".join(parts)

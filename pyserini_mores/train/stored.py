@@ -22,7 +22,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from .._cli import format_model_arg
 from .data import TrainingGroup, batch_group_size, batch_teacher_scores
 from .objectives import loss_of_outputs
 
@@ -110,16 +109,13 @@ def open_stored_documents(model, sidecar: str | os.PathLike, index: str | os.Pat
 
     resolved = resolve_index(index)
     if str(sidecar) == DEFAULT_SIDECAR:
-        from ..search.searcher import default_sidecar_path
+        from ..search.searcher import build_command_for, default_sidecar_path
 
         sidecar = default_sidecar_path(resolved.path, model.model_type, model)
         if not sidecar.exists():
-            arguments = " ".join(f"--model-arg {format_model_arg(key, value)}"
-                                 for key, value in getattr(model, "source_overrides", {}).items())
             raise FileNotFoundError(
-                f"no sidecar of this {model.model_type} model beside the index ({sidecar}); build it first: python -m "
-                f"pyserini_mores.sidecar build --index {index} --reranker {model.model_type} --model "
-                f"{getattr(model, 'source', None) or model.config.backbone} {arguments}".rstrip())
+                f"no sidecar of this {model.model_type} model beside the index ({sidecar}); build it first: "
+                f"{build_command_for(index, model.model_type, model)}")
     searcher = open_searcher(resolved)
     reader = open_sidecar(sidecar, expect_model_fingerprint=model.store_fingerprint(),
                           expect_index=index_identity(searcher))
