@@ -16,7 +16,7 @@ from pyserini_mores.train.__main__ import build_parser, main
 from pyserini_mores.train.compressor import pretrain_compressor
 from pyserini_mores.train.data import (TrainingGroup, load_groups, mine_negatives, read_scored_triples, read_triples,
                                       with_batch_negatives, write_triples)
-from pyserini_mores.train.objectives import mean_loss
+from pyserini_mores.train.objectives import mean_loss, set_dropout
 from pyserini_mores.train.recipes import merge_settings, read_recipe, recipe_names
 from pyserini_mores.train.trainer import TrainingSettings, last_checkpoint, train
 
@@ -45,7 +45,8 @@ def _tiny_model(model_type: str, tokenizer, **overrides):
     if model_type == "cross-encoder":
         return CrossEncoder(CrossEncoderConfig(encoder=_dims(2), doc_max_length=48, **overrides), tokenizer)
     if model_type == "prettr":
-        return PreTTRModel(PreTTRConfig(encoder=_dims(), join_layer=2, doc_max_length=48, **overrides), tokenizer)
+        overrides = {"join_layer": 2, **overrides}
+        return PreTTRModel(PreTTRConfig(encoder=_dims(), doc_max_length=48, **overrides), tokenizer)
     if model_type == "tk":
         return TKModel(TKConfig(embedding_dim=32, vocab_size=len(tokenizer), num_layers=1, num_heads=4, head_dim=8,
                                 ffn_dim=16, doc_max_length=48, **overrides), tokenizer)
@@ -530,6 +531,36 @@ def test_cli_flags_override_recipe_values():
     assert values["lr"] == 1e-3 and values["batch_size"] == recipe["batch_size"]
     assert values["model_args"] == {**recipe["model_args"], "n_interaction_blocks": 1}
     assert "warmup_steps" in values and values["warmup_steps"] == recipe["warmup_steps"]
+
+
+@pytest.mark.parametrize("model_type", ["mores", "prettr", "cross-encoder"])
+def test_dropout_zero_makes_training_forwards_deterministic(tokenizer, model_type):
+    model = _tiny_model(model_type, tokenizer).train()
+    query_batch = model.tokenize_queries(["text editor", "web server"])
+    doc_batch = model.tokenize_documents(["vim is a text editor for the terminal", "nginx serves the web"])
+    with torch.no_grad():
+        assert not torch.equal(model(query_batch, doc_batch), model(query_batch, doc_batch)), "BERT's 0.1 acts"
+        assert set_dropout(model, 0.0) > 0
+        torch.testing.assert_close(model(query_batch, doc_batch), model(query_batch, doc_batch), rtol=0, atol=0)
+        assert model.training
+
+
+def test_training_sets_the_dropout_it_is_given(init_dirs, triples_path, tmp_path, caplog):
+    with caplog.at_level("INFO", logger="pyserini_mores.train.trainer"):
+        train(_settings(tmp_path, "mores", init_dirs("mores"), triples_path, max_steps=1, dropout=0.0),
+              progress=False)
+    assert "dropout 0 while training (" in caplog.text
+
+
+def test_dropout_flag_reaches_the_settings_and_bad_values_are_refused():
+    from pyserini_mores.train.__main__ import _given
+
+    args = build_parser().parse_args(["train", "--recipe", "mores-debian", "--dropout", "0.05", "--output", "o",
+                                      "--triples", "t"])
+    values = merge_settings("train", args.recipe, _given(args, ("command", "recipe", "resume", "quiet")))
+    assert values["dropout"] == 0.05 and read_recipe("mores-debian")["settings"]["dropout"] == 0.0
+    with pytest.raises(ValueError, match=r"dropout must lie in \[0, 1\), not 1.0"):
+        TrainingSettings(model_type="mores", init="x", triples="t", output="o", dropout=1.0)
 
 
 def test_unknown_recipes_and_settings_are_reported(tmp_path):

@@ -3,6 +3,7 @@ training forward from text, what the sidecar depends on stays frozen (so the tra
 sidecar), and passages that are not in the index are refused before training starts."""
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,13 +12,13 @@ import torch
 
 from pyserini_mores.formats import read_collection, read_qrels, read_topics
 from pyserini_mores.index import open_searcher
-from pyserini_mores.models import load_model
+from pyserini_mores.models import load_model, pad_documents
 from pyserini_mores.sidecar import open_sidecar
 from pyserini_mores.sidecar.build import build_sidecar
 from pyserini_mores.train.data import GroupCollator, TrainingGroup, load_groups, mine_negatives, write_triples
 from pyserini_mores.train.objectives import RankingObjective
 from pyserini_mores.train.stored import (StoredGroupCollator, StoredRankingObjective, UnmatchedTrainingTextError,
-                                         freeze_store_parameters, open_stored_documents)
+                                         freeze_store_parameters, open_stored_documents, per_candidate)
 from pyserini_mores.train.trainer import TrainingSettings, train
 
 from test_train import COLLECTION, QRELS, TOPICS, _tiny_model
@@ -39,6 +40,18 @@ def triples(tmp_path_factory) -> Path:
     return path
 
 
+def _groups_of_every_query(triples: Path, per_query: int = 2) -> list:
+    """The first ``per_query`` groups of every query: one batch then pairs each candidate with its own group's query
+    only if the stored objective keeps the groups' queries apart (the file's first groups all share one query)."""
+    groups, taken = [], Counter()
+    for group in load_groups(triples):
+        if taken[group.query] < per_query:
+            groups.append(group)
+            taken[group.query] += 1
+    assert len(taken) == 4
+    return groups
+
+
 def _saved_model_and_sidecar(tmp_path: Path, tiny_index: Path, tokenizer, model_type: str, overrides: dict):
     model = _tiny_model(model_type, tokenizer, **overrides)
     with torch.no_grad():  # std 0.02 heads score everything alike; a wide head makes loss differences visible
@@ -58,7 +71,7 @@ def test_loss_from_stored_documents_equals_the_training_forward_from_text(tmp_pa
                                                                          model_type, overrides, loss):
     _, model, sidecar = _saved_model_and_sidecar(tmp_path, tiny_index, tokenizer, model_type, overrides)
     model.eval()  # dropout off: the two paths must then agree to rounding
-    groups = load_groups(triples)[:6]
+    groups = _groups_of_every_query(triples)
     if loss == "distill":  # a made-up teacher's scores
         groups = [replace(group, teacher_scores=(1.0 + index, -float(index))) for index, group in enumerate(groups)]
     documents = open_stored_documents(model, sidecar, tiny_index)
@@ -67,6 +80,42 @@ def test_loss_from_stored_documents_equals_the_training_forward_from_text(tmp_pa
         stored = StoredRankingObjective(model, loss)(**StoredGroupCollator(model, documents)(groups))["loss"]
     assert from_text > 0.05
     torch.testing.assert_close(stored, from_text, rtol=0, atol=1e-5)
+
+
+#: every model that scores stored documents, and the code paths of ``score`` that differ in how they use the query
+PER_CANDIDATE_VARIANTS = [
+    ("mores", {"reuse": "s1"}), ("mores", {"reuse": "s2", "pooling": "avg"}),
+    ("prettr", {}), ("prettr", {"join_layer": 3}), ("prettr", {"join_layer": 3, "compression_dim": 16}),
+    ("tk", {}), ("maxsim", {}),
+]
+
+
+@pytest.mark.parametrize("model_type, overrides", PER_CANDIDATE_VARIANTS)
+def test_per_candidate_query_states_score_as_each_query_alone(tokenizer, model_type, overrides):
+    """What the batched stored objective relies on: ``score`` with a query state repeated per candidate
+    (:func:`per_candidate`) equals scoring each group against its own query."""
+    model = _tiny_model(model_type, tokenizer, **overrides).eval()
+    with torch.no_grad():  # weights far from BERT's 0.02, so that scores depend clearly on the query
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight.normal_(std=0.2, generator=torch.Generator().manual_seed(5))
+    queries = ["text editor", "web server reverse proxy", "python scientific arrays"]
+    texts = ["vim is a text editor", "nginx is a web server and reverse proxy", "numpy arrays for python",
+             "sqlite is a database engine in a single file", "emacs edits text", "apache serves the web"]
+    with torch.no_grad():
+        docs, lengths = pad_documents(model.encode_documents(model.tokenize_documents(texts)))
+        alone = torch.cat([model.score(model.encode_query(model.tokenize_queries([query])),
+                                       docs[2 * index:2 * index + 2], lengths[2 * index:2 * index + 2])
+                           for index, query in enumerate(queries)])
+        batched = model.score(per_candidate(model.encode_query(model.tokenize_queries(queries)), 2), docs, lengths)
+        first_query_only = model.score(model.encode_query(model.tokenize_queries(queries[:1])), docs, lengths)
+    assert (first_query_only[2:] - alone[2:]).abs().max() > 1e-3, "the scores hardly depend on the query"
+    torch.testing.assert_close(batched, alone, rtol=0, atol=1e-5)
+
+
+def test_per_candidate_refuses_a_state_it_cannot_repeat():
+    with pytest.raises(TypeError, match="cannot repeat a query state of type Tensor per candidate"):
+        per_candidate(torch.zeros(2, 3), 4)
 
 
 @pytest.mark.parametrize("model_type, overrides", VARIANTS)

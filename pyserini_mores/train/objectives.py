@@ -168,6 +168,20 @@ def select_trainable(model: nn.Module, train_modules: str = "all", freeze_embedd
     return trainable
 
 
+def set_dropout(model: nn.Module, probability: float) -> int:
+    """Set every dropout of ``model`` — ``nn.Dropout`` modules and our attention's dropout on its probabilities — to
+    ``probability``; returns how many were set. Inference is unaffected (dropout acts only in training mode)."""
+    count = 0
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = probability
+            count += 1
+        elif isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = probability
+            count += 1
+    return count
+
+
 def parameter_groups(model: nn.Module, lr: float, head_lr: float | None = None,
                      weight_decay: float = 0.0) -> list[dict]:
     """Optimiser parameter groups over the trainable parameters.
@@ -202,4 +216,4 @@ def count_parameters(parameters: Iterable[nn.Parameter]) -> int:
 
 
 __all__ = ["LOSSES", "TRAIN_MODULES", "UNSCORED_TRIPLES", "ranking_loss", "loss_of_outputs", "RankingObjective",
-           "batch_to_device", "mean_loss", "select_trainable", "parameter_groups", "count_parameters"]
+           "batch_to_device", "mean_loss", "select_trainable", "set_dropout", "parameter_groups", "count_parameters"]

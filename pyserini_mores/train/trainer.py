@@ -43,7 +43,7 @@ from ..models.base import CONFIG_NAME, WEIGHTS_NAME
 from ._choices import LOSSES, SCHEDULERS, TRAIN_MODULES
 from .data import GroupCollator, TrainingGroup, load_groups, with_batch_negatives
 from .objectives import (UNSCORED_TRIPLES, RankingObjective, batch_to_device, count_parameters, parameter_groups,
-                         select_trainable)
+                         select_trainable, set_dropout)
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ DEFAULT_LOSSES = {"mores": "pointwise", "cross-encoder": "pointwise", "prettr": 
                   "maxsim": "listwise"}
 #: settings that change the trajectory of a run; --resume refuses to continue with different values
 RESUME_MUST_MATCH = ("model_type", "init", "triples", "loss", "model_args", "train_modules", "batch_size",
-                     "grad_accum", "lr", "head_lr", "weight_decay", "warmup_steps", "scheduler", "margin",
+                     "grad_accum", "lr", "head_lr", "dropout", "weight_decay", "warmup_steps", "scheduler", "margin",
                      "distill_temperature", "negatives_per_example", "batch_negatives", "max_triples", "seed", "bf16",
                      "max_grad_norm", "freeze_embeddings", "doc_sidecar")
 
@@ -87,6 +87,8 @@ class TrainingSettings:
         max_steps: optimiser steps; ``None`` → ``epochs`` passes over the triples.
         warmup_steps: linear warm-up steps (then ``scheduler``: linear decay to 0, constant, or cosine).
         head_lr: learning rate of new layers (score head, TK kernel weights); ``None`` = ``lr``.
+        dropout: every dropout probability of the model while it trains (hidden and attention; ``0`` turns dropout
+            off); ``None`` keeps the model's own (BERT's 0.1). Scores at inference never use dropout.
         negatives_per_example: ``k``; consecutive triples sharing query and positive are pooled (listwise).
         batch_negatives: ``b`` more negatives per group: the positives of other groups of the same micro-batch
             (:func:`.data.with_batch_negatives`), so a group scores ``1 + k + b`` passages.
@@ -112,6 +114,7 @@ class TrainingSettings:
     grad_accum: int = 1
     lr: float = 3e-5
     head_lr: float | None = None
+    dropout: float | None = None
     weight_decay: float = 0.0
     warmup_steps: int = 0
     scheduler: str = "linear"
@@ -158,6 +161,8 @@ class TrainingSettings:
                      "save_total_limit", "dev_depth"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+        if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must lie in [0, 1), not {self.dropout}")
         if not self.distill_temperature > 0:
             raise ValueError(f"distill_temperature must be positive, not {self.distill_temperature}")
         if self.batch_negatives < 0:
@@ -438,6 +443,9 @@ def train(
         state = TrainerState()
     device = torch.device(settings.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model.to(device)
+    if settings.dropout is not None:  # also after a resume: a checkpoint's config keeps the model's own dropout
+        logger.info("dropout %g while training (%d dropouts set)", settings.dropout,
+                    set_dropout(model, settings.dropout))
     trainable = select_trainable(model, settings.train_modules, settings.freeze_embeddings)
     if settings.doc_sidecar is not None:
         from .stored import freeze_store_parameters
