@@ -58,6 +58,40 @@ def key_padding_mask(lengths: torch.Tensor, max_len: int) -> torch.Tensor:
     return (positions[None, :] < lengths[:, None])[:, None, None, :]
 
 
+#: Attention over at most this many query rows is written out while training on CPU (see :func:`attention_context`)
+WRITTEN_OUT_MAX_QUERIES = 16
+
+
+def attention_context(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                      mask: torch.Tensor | None = None, dropout_p: float = 0.0,
+                      scale: float | None = None) -> torch.Tensor:
+    """``softmax(Q·Kᵀ·scale) V`` over heads ``[B, h, q|L, d]`` with a boolean ``mask`` (True = may be attended to),
+    exactly what ``F.scaled_dot_product_attention`` computes: a row without any key gets zeros.
+
+    While autograd records on CPU, attention of short query sides (≤ :data:`WRITTEN_OUT_MAX_QUERIES` rows: MORES's
+    blocks, every model's query encoder) is written out with an fp32 softmax, because the fused CPU kernel's backward
+    is slow with few query rows. Forward + backward, bf16, 12 heads of 32, median of 5 side by side (issue 6): 16 query
+    x 128 document tokens for 288 candidates (MORES's cross-attention in a training batch) 175 ms fused, 59 ms written
+    out; 16 x 16 for 288, 121 ms against 8.5 ms. At 32 query rows both took 177 ms, and with 64 or more the fused
+    kernel won (128 x 128 for 128 sequences: 274 ms against 423 ms), so long sequences and every call without
+    gradients (reranking, sidecar builds) keep it.
+    """
+    if queries.shape[-2] > WRITTEN_OUT_MAX_QUERIES or queries.device.type != "cpu" or not (
+            torch.is_grad_enabled() and any(t.requires_grad for t in (queries, keys, values))):
+        return F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+    logits = queries @ keys.transpose(-1, -2)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # at least fp32 softmax, fp64 stays
+    logits = logits * (queries.shape[-1] ** -0.5 if scale is None else scale)
+    if mask is not None:  # finite fill: a key-less row softmaxes to uniform, then the mask zeroes it, as SDPA does
+        logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
+    probs = torch.softmax(logits, dim=-1)
+    if mask is not None:
+        probs = probs * mask
+    if dropout_p:
+        probs = F.dropout(probs, dropout_p)
+    return probs.to(values.dtype) @ values
+
+
 def attention_mask_from_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     """HF-style ``[B, L]`` 0/1 mask → ``[B, 1, 1, L]`` boolean key mask."""
     return attention_mask.bool()[:, None, None, :]
@@ -144,11 +178,11 @@ class Attention(nn.Module):
         if keys.shape[0] != queries.shape[0]:
             keys = keys.expand(queries.shape[0], -1, -1)
             values = values.expand(queries.shape[0], -1, -1)
-        context = F.scaled_dot_product_attention(
+        context = attention_context(
             queries,
             self.split_heads(keys),
             self.split_heads(values),
-            attn_mask=mask,
+            mask,
             dropout_p=self.attention_dropout if self.training else 0.0,
         )
         return self.norm(x + self.dropout(self.output(self.merge_heads(context))))

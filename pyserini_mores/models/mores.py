@@ -54,6 +54,7 @@ from ._layers import (
     Embeddings,
     FeedForward,
     TransformerLayer,
+    attention_context,
     attention_mask_from_ids,
     convert_hf_bert_state_dict,
     key_padding_mask,
@@ -233,11 +234,11 @@ def _cross_attend(attention: Attention, x: torch.Tensor, keys: torch.Tensor, val
         queries = queries.expand(batch, -1, -1, -1)
     if keys.dim() == 3:
         keys, values = attention.split_heads(keys), attention.split_heads(values)
-    context = F.scaled_dot_product_attention(
+    context = attention_context(
         queries,
         keys,
         values.to(keys.dtype),
-        attn_mask=mask,
+        mask,
         dropout_p=attention.attention_dropout if attention.training else 0.0,
     )
     return attention.norm(x + attention.dropout(attention.output(attention.merge_heads(context))))

@@ -50,6 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ._layers import attention_context
 from .backbones import DEFAULT_BACKBONE, load_backbone
 from .base import RankingConfig, RankingModel, pad_documents, read_checkpoint_config
 
@@ -302,10 +303,10 @@ class TKSelfAttention(nn.Module):
             self.qkv(x).view(batch, length, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         )
         # A sequence without any key (every term OOV) attends to all positions instead of producing NaN; its rows
-        # are masked downstream anyway. SDPA never materialises [B, h, L, L] probabilities (fused kernel on CPU).
+        # are masked downstream anyway.
         key_mask = key_mask | ~key_mask.any(-1, keepdim=True)
-        context = F.scaled_dot_product_attention(queries, keys, values, attn_mask=key_mask[:, None, None, :],
-                                                 scale=1.0 / math.sqrt(self.head_dim))  # [B, h, L, head_dim]
+        context = attention_context(queries, keys, values, key_mask[:, None, None, :],
+                                    scale=1.0 / math.sqrt(self.head_dim))  # [B, h, L, head_dim]
         return self.output(context.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim))
 
 

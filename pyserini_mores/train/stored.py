@@ -137,7 +137,9 @@ class StoredGroupCollator:
     def __call__(self, groups: Sequence[TrainingGroup]) -> dict:
         group_size = batch_group_size(groups)
         rows = self.documents.rows([text for group in groups for text in (group.positive, *group.negatives)])
-        docs, lengths = self.documents.reader.get_batch(rows)
+        # in the stored precision: score() converts once to the compute dtype, which under bf16 autocast is the
+        # stored bf16 itself, so a float32 batch would be two copies of the largest tensor of the step for nothing
+        docs, lengths = self.documents.reader.get_batch(rows, dtype=None)
         return {
             "query_batch": self.model.tokenize_queries([group.query for group in groups]),
             "docs": docs,
