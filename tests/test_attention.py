@@ -88,7 +88,8 @@ def _model(kind: str, dims, tokenizer):
 
 @pytest.mark.parametrize("kind", ["mores", "prettr", "tk"])
 def test_models_score_the_same_while_training(monkeypatch, tiny_dims, tokenizer, kind):
-    """The training forward (gradients recorded: short query sides written out) equals the scoring forward."""
+    """The training forward (gradients recorded: short query sides written out, MORES projects only real document
+    tokens) equals the scoring forward."""
     model = _model(kind, tiny_dims, tokenizer).eval()  # eval: no dropout, so the two forwards are comparable
     with torch.no_grad():  # matrices wider than BERT's init, so that the documents' scores differ clearly
         for parameter in model.parameters():
