@@ -104,3 +104,23 @@ def test_export_delta_command(tmp_path, tiny_backbone, capsys):
     loaded = load_model("tk", tmp_path / "d")
     assert loaded.store_fingerprint() == load_model("tk", tmp_path / "d").store_fingerprint()
     assert (tmp_path / "d" / DELTA_WEIGHTS_NAME).stat().st_size < (tmp_path / "full" / "model.safetensors").stat().st_size
+
+
+def test_a_tied_mores_delta_loads_untied_with_every_trained_layer(tmp_path, tiny_backbone):
+    # e.g. --init TIED_DELTA under a tied=false recipe: the shared layers are stored once, under one module's name,
+    # and both modules must get them
+    model = _trained("mores", tiny_backbone, n_interaction_blocks=1, tied=True)
+    save_delta(model, tmp_path / "delta", dtype=torch.float32)
+    untied = load_model("mores", tmp_path / "delta", tied=False)
+    assert untied.config.tied is False
+    assert untied.query_module.layers[0] is not untied.document_module.layers[0]
+    for module in (untied.query_module, untied.document_module):
+        for ours, theirs in zip(module.layers, model.document_module.layers):
+            assert torch.equal(ours.ffn.output.weight, theirs.ffn.output.weight)
+
+
+def test_an_untied_mores_delta_refuses_to_be_tied(tmp_path, tiny_backbone):
+    model = _trained("mores", tiny_backbone, n_interaction_blocks=1, tied=False)
+    save_delta(model, tmp_path / "delta", dtype=torch.float32)
+    with pytest.raises(ValueError, match="has its own layers; tying them"):
+        load_model("mores", tmp_path / "delta", tied=True)

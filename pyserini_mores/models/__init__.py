@@ -13,8 +13,8 @@ from .base import RankingConfig, RankingModel, pad_documents
 
 INIT_SEED = 0
 #: model types whose encoder can start from a trained cross-encoder or MaxSim checkpoint (``--init DIR``; a
-#: cross-encoder's [CLS] head too)
-RANKER_INITIALISED = ("mores", "prettr")
+#: cross-encoder's [CLS] head too). A cross-encoder given a cross-encoder loads it as its own checkpoint instead.
+RANKER_INITIALISED = ("cross-encoder", "mores", "prettr")
 #: trained models shipped inside the package (as deltas over the bundled MiniLM), loadable by directory name
 SHIPPED_MODELS_DIR = Path(__file__).resolve().parents[1] / "resources" / "models"
 
@@ -57,9 +57,9 @@ def load_model(model_type: str, name_or_path: str | os.PathLike, **overrides) ->
     if (directory / "config.json").is_file():
         values = json.loads((Path(name_or_path) / "config.json").read_text())
         if values.get("model_type") == model_type and "architectures" not in values:
-            from .delta import is_delta_checkpoint, load_delta
+            from .delta import is_delta_checkpoint
 
-            model = (load_delta(cls, name_or_path, **overrides) if is_delta_checkpoint(name_or_path)
+            model = (cls.from_delta(name_or_path, **overrides) if is_delta_checkpoint(name_or_path)
                      else cls.from_pretrained(name_or_path, **overrides))
         elif values.get("model_type") in MODEL_CLASSES and not (
                 values["model_type"] in ENCODER_RANKERS and model_type in RANKER_INITIALISED):

@@ -177,6 +177,13 @@ class RankingModel(nn.Module):
         return model
 
     @classmethod
+    def from_delta(cls, directory: str | os.PathLike, **overrides) -> "RankingModel":
+        """Load a delta checkpoint (the tensors training changed, over the backbone; see :mod:`.delta`)."""
+        from .delta import load_delta
+
+        return load_delta(cls, directory, **overrides)
+
+    @classmethod
     def from_backbone(cls, backbone: str, **config_overrides) -> "RankingModel":
         """A new model initialised from a pretrained BERT-family checkpoint (hub name, local dir or ``minilm``)."""
         raise NotImplementedError

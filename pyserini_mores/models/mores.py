@@ -552,13 +552,24 @@ class MoresModel(RankingModel):
         if not (directory / WEIGHTS_NAME).is_file() and (directory / MODULE_NAMES[0]).is_dir():
             return cls.from_modules(directory, **overrides)
         stored_tied = read_checkpoint_config(directory).get("tied", True)
+        return cls._untie_on_load(directory, stored_tied, overrides, super().from_pretrained)
+
+    @classmethod
+    def from_delta(cls, directory: str | os.PathLike, **overrides) -> "MoresModel":
+        stored_tied = json.loads((Path(directory) / CONFIG_NAME).read_text()).get("tied", True)
+        return cls._untie_on_load(directory, stored_tied, overrides, super().from_delta)
+
+    @staticmethod
+    def _untie_on_load(directory, stored_tied: bool, overrides: dict, load) -> "MoresModel":
+        """``load(directory, **overrides)``, except that ``tied=False`` over a tied checkpoint loads it tied and then
+        unties it: its shared layers are stored once, under one module's names, and both modules need them."""
         if "tied" in overrides and bool(overrides["tied"]) != stored_tied:
             if not stored_tied:
                 raise ValueError(f"{directory} holds a MORES whose query module has its own layers; tying them to "
                                  "the document module's would drop them (leave tied as stored)")
             # e.g. a tied checkpoint as --init of a recipe with tied=false: the query module starts as copies
-            return super().from_pretrained(directory, **{**overrides, "tied": True}).untied()
-        return super().from_pretrained(directory, **overrides)
+            return load(directory, **{**overrides, "tied": True}).untied()
+        return load(directory, **overrides)
 
     def untied(self) -> "MoresModel":
         """This model with the query module's layers as copies of the shared ones (scores unchanged), so that they

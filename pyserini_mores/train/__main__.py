@@ -61,7 +61,8 @@ def define_train_args(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--model-type", choices=MODEL_TYPES, default=S)
     model.add_argument("--init", default=S, metavar="BACKBONE_OR_CHECKPOINT",
                        help="backbone (minilm, HF name or dir), a checkpoint of --model-type, a trained "
-                       "cross-encoder or MaxSim checkpoint (mores, prettr), or a GloVe .txt (tk)")
+                       "cross-encoder or MaxSim checkpoint (mores, prettr), a trained MaxSim checkpoint "
+                       "(cross-encoder: its encoder), or a GloVe .txt (tk)")
     model.add_argument("--model-arg", dest="model_args", action="append", default=S, metavar="KEY=VALUE",
                        help="model config override, repeatable (e.g. n_interaction_blocks=2)")
     model.add_argument("--triples", default=S, help="training triples TSV (query<TAB>positive<TAB>negative)")
