@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -99,6 +100,25 @@ def test_dry_run_of_one_model_skips_what_it_does_not_need(pipeline, data_dir, tm
     out = capsys.readouterr().out
     assert "[compressor]" not in out and "[train-cross-encoder]" not in out
     assert "[rerank-tk-dev]" in out and "[rerank-tk-test]" in out and "--baseline" not in out
+
+
+def _train_commands(out: str) -> dict[str, str]:
+    return {line.split("]")[0].removeprefix("[train-"): line for line in out.splitlines()
+            if line.startswith("[train-")}
+
+
+def test_each_row_trains_its_own_schedule_unless_the_pipeline_overrides_every_one(pipeline, data_dir, tmp_path,
+                                                                                  capsys):
+    pipeline.main(["--data", str(data_dir), "--work", str(tmp_path / "w"), "--dry-run"])
+    commands = _train_commands(capsys.readouterr().out)
+    assert set(commands) == {model.name for model in pipeline.MODELS}
+    for model in pipeline.MODELS:  # the row's schedule once, or none (the recipe's)
+        expected = [str(model.max_steps)] if model.max_steps else []
+        assert re.findall(r"--max-steps (\d+)", commands[model.name]) == expected, model.name
+    assert re.findall(r"--max-steps (\d+)", commands["mores-2ib"]) == ["1000"]
+    pipeline.main(["--data", str(data_dir), "--work", str(tmp_path / "w"), "--dry-run", "--max-steps", "7"])
+    for name, command in _train_commands(capsys.readouterr().out).items():
+        assert command.count("--max-steps") == 1 and "--max-steps 7 --resume" in command, name
 
 
 def test_bad_arguments_and_unknown_recipes_are_caught_without_running(pipeline):
