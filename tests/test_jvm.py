@@ -66,3 +66,74 @@ print("major", runtime.major)
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert int(result.stdout.split("major")[1]) >= 21
+
+
+def _caught_signals_after_jvm_start() -> set[int]:
+    script = """
+from pyserini_mores._jvm import ensure_jvm
+ensure_jvm()
+mask = next(line for line in open('/proc/self/status') if line.startswith('SigCgt:')).split()[1]
+print(int(mask, 16))
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    mask = int(result.stdout.split()[-1])
+    return {number for number in range(1, 64) if mask & (1 << (number - 1))}
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the caught-signal mask from /proc")
+def test_the_jvm_leaves_sigterm_and_sighup_to_python():
+    """The embedded JVM must not install its own SIGTERM/SIGHUP handlers (it does unless started with -Xrs): they
+    deadlocked a process sent SIGTERM while torch was encoding."""
+    import signal
+
+    caught = _caught_signals_after_jvm_start()
+    assert signal.SIGTERM not in caught and signal.SIGHUP not in caught, sorted(caught)
+
+
+def _start_searching_process(tiny_index) -> subprocess.Popen:
+    """A process that has the JVM up, has searched the index, and keeps torch's threads busy until signalled."""
+    script = f"""
+import torch
+from pyserini_mores._jvm import import_pyserini
+lucene = import_pyserini("pyserini.search.lucene")
+lucene.LuceneSearcher({str(tiny_index)!r}).search("text editor", k=2)
+print("ready", flush=True)
+x = torch.randn(512, 512)
+while True:
+    x = torch.tanh(x @ x)
+"""
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    assert process.stdout.readline().strip() == "ready", process.stderr.read()[-2000:]
+    return process
+
+
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
+def test_a_signal_ends_a_process_with_the_jvm_running(tiny_index, signal_name):
+    """SIGTERM ends the process at once; Ctrl-C (SIGINT) reaches Python as KeyboardInterrupt."""
+    import signal
+
+    process = _start_searching_process(tiny_index)
+    process.send_signal(getattr(signal, signal_name))
+    try:
+        process.wait(timeout=20)
+    finally:
+        process.kill()
+    stderr = process.stderr.read()
+    if signal_name == "SIGTERM":
+        assert process.returncode == -signal.SIGTERM, (process.returncode, stderr[-2000:])
+    else:
+        assert "KeyboardInterrupt" in stderr, stderr[-2000:]
+
+
+def test_searching_prints_no_java_warnings(tiny_index):
+    """Lucene's notices about new Java releases (sun.misc.Unsafe, MMapDirectory) are not printed at every start."""
+    script = f"""
+from pyserini_mores._jvm import import_pyserini
+lucene = import_pyserini("pyserini.search.lucene")
+print(lucene.LuceneSearcher({str(tiny_index)!r}).search("text editor", k=1)[0].docid)
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "WARNING" not in result.stderr and "Unsafe" not in result.stderr, result.stderr[-2000:]
