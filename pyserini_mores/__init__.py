@@ -5,7 +5,7 @@ starts neither torch nor the JVM.
 """
 from __future__ import annotations
 
-import importlib
+from ._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -19,14 +19,11 @@ _EXPORTS = {
     "list_rerankers": "pyserini_mores.rerankers",
     "register_reranker": "pyserini_mores.rerankers",
     "RerankingSearcher": "pyserini_mores.search",
+    "RerankStats": "pyserini_mores.types",
     "open_sidecar": "pyserini_mores.sidecar",
     "ensure_jvm": "pyserini_mores._jvm",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'pyserini_mores' has no attribute '{name}'")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

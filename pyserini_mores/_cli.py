@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
-from typing import Callable
+from collections.abc import Callable
+
+from ._model_args import parse_model_arg
 
 
 def define_model_args(parser: argparse.ArgumentParser, *, default_reranker: str | None = None) -> None:
@@ -20,30 +21,13 @@ def define_model_args(parser: argparse.ArgumentParser, *, default_reranker: str 
                        help="compute precision of the model (bf16: autocast, much faster on AMX/AVX-512 CPUs)")
 
 
-PYTHON_CONSTANTS = {"True": True, "False": False, "None": None}
-
-
-def format_model_arg(key: str, value) -> str:
-    """``KEY=VALUE`` as :func:`parse_model_args` reads it back: plain strings bare, everything else JSON — for the
-    commands printed in hints and by the pipelines."""
-    return f"{key}={value if isinstance(value, str) else json.dumps(value)}"
-
-
 def parse_model_args(items: list[str]) -> dict:
-    """``["reuse=s1", "n_interaction_blocks=2"]`` → ``{"reuse": "s1", "n_interaction_blocks": 2}``."""
-    overrides = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"error: --model-arg expects KEY=VALUE, got '{item}'")
-        if value in PYTHON_CONSTANTS:  # tied=False as a Python user writes it, not the truthy string "False"
-            overrides[key.strip()] = PYTHON_CONSTANTS[value]
-            continue
-        try:
-            overrides[key.strip()] = json.loads(value)
-        except ValueError:
-            overrides[key.strip()] = value  # a bare string such as s1
-    return overrides
+    """``["reuse=s1", "n_interaction_blocks=2"]`` → ``{"reuse": "s1", "n_interaction_blocks": 2}``; an item that is
+    not ``KEY=VALUE`` exits with its ``error:`` line."""
+    try:
+        return dict(parse_model_arg(item) for item in items)
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
 
 
 def setup_logging(verbose: bool = False) -> None:

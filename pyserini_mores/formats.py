@@ -10,7 +10,6 @@ never decoded with replacement: a replaced character inside a docid or qid would
 """
 from __future__ import annotations
 
-import contextlib
 import gzip
 import json
 import logging
@@ -18,11 +17,12 @@ import math
 import numbers
 import os
 import re
-import tempfile
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Literal, Union
+
+from ._io import atomic_writer
 
 logger = logging.getLogger(__name__)
 
@@ -47,11 +47,6 @@ RUN_FORMATS: tuple[str, ...] = ("trec", "msmarco")
 _GZIP_MAGIC = b"\x1f\x8b"
 _SHOWN_CHARS = 80  # longer offending lines are truncated in error messages
 _WHITESPACE = re.compile(r"\s")
-
-# Temporary files are created 0600; the finished file should get the usual permissions. The umask can only be read by
-# setting it, so read it once at import time rather than racing other threads later.
-_UMASK = os.umask(0o022)
-os.umask(_UMASK)
 
 
 class FormatError(ValueError):
@@ -355,30 +350,6 @@ def format_run_lines(
                 yield f"{qid} Q0 {docid} {rank} {score:.6f} {tag}"
             else:
                 yield f"{qid}\t{docid}\t{rank}"
-
-
-@contextlib.contextmanager
-def atomic_writer(path: PathLike, *, encoding: str = "utf-8") -> Iterator[IO[str]]:
-    """Open a text file for writing that appears at ``path`` only when the block completes without error.
-
-    Writes to a temporary file in the same directory (so the rename stays on one file system), then ``os.replace``:
-    readers never see a half-written file, and a crash leaves the previous file intact. Parent directories are
-    created, as Pyserini's output writer does.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(descriptor, "w", encoding=encoding, newline="\n") as stream:
-            yield stream
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.chmod(temporary, 0o666 & ~_UMASK)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
 
 
 def write_run(

@@ -1,8 +1,10 @@
-"""pygaggle-compatible ``Query`` and ``Text``, and the hit objects the searcher returns (Pyserini-compatible)."""
+"""pygaggle-compatible ``Query`` and ``Text``, the hit objects the searcher returns (Pyserini-compatible), and what
+the rerank stage did for a query (``RerankStats``)."""
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 
 @dataclass
@@ -44,6 +46,22 @@ class RerankedHit:
 
     def __repr__(self) -> str:
         return f"RerankedHit(docid={self.docid!r}, score={self.score:.4f})"
+
+
+@dataclass(frozen=True)
+class RerankStats:
+    """What the rerank stage did for one query.
+
+    Attributes:
+        candidates: first-stage hits the query had.
+        depth: how many of them, from the top, were reranked; the others kept their first-stage order.
+        rerank_ms: wall time of the rerank stage (text fetch when the reranker scores text, query encoding, sidecar
+            reads, scoring, sorting), ms; 0.0 when nothing was reranked.
+    """
+
+    candidates: int
+    depth: int
+    rerank_ms: float
 
 
 def hits_to_texts(hits: Iterable, texts: Iterable[str | None] | None = None) -> list[Text]:

@@ -12,9 +12,9 @@ from pyserini_mores.budget.__main__ import parse_scoped_model_args
 from pyserini_mores.budget.sweep import SweepRow, parse_reranker_specs, plot_sweep
 from pyserini_mores.index import open_searcher
 from pyserini_mores.search import RerankingSearcher
-from pyserini_mores.search import budget
+from pyserini_mores.search import calibration as calibration_module
 from pyserini_mores.search.__main__ import main as search_main
-from pyserini_mores.search.budget import Calibration
+from pyserini_mores.search.calibration import Calibration
 
 from conftest import RESOURCES
 
@@ -80,20 +80,20 @@ def test_searcher_reranks_the_chosen_depth_and_keeps_bm25_order_below(tiny_index
     seen = []
     for budget, expected_depth in ((5, 0), (10, 0), (11, 1), (13.5, 3), (16, 6), (1000, 6)):
         searcher.time_budget_ms = budget
-        hits = searcher.search(query, k=20)
-        assert searcher.last_depth == expected_depth
+        hits, stats = searcher.search_with_stats(query, k=20)
+        assert stats.depth == expected_depth
         docids = [hit.docid for hit in hits]
         assert sorted(docids[:expected_depth]) == sorted(bm25[:expected_depth])
         assert docids[expected_depth:] == bm25[expected_depth:]
         scores = [hit.score for hit in hits]
         assert scores == sorted(scores, reverse=True)
-        seen.append(searcher.last_depth)
+        seen.append(stats.depth)
     assert seen == sorted(seen)
     # batch_search reports the depth of every query; BM25 may find fewer hits than the budget allows.
     searcher.time_budget_ms = 13.5
-    searcher.batch_search(list(QUERIES), ["q1", "q2", "q3", "q4"], k=10)
-    assert searcher.chosen_depths == {qid: min(3, len(lucene.search(query, k=10)))
-                                      for qid, query in zip(["q1", "q2", "q3", "q4"], QUERIES)}
+    batch = searcher.batch_search_with_stats(list(QUERIES), ["q1", "q2", "q3", "q4"], k=10)
+    assert {qid: stats.depth for qid, (_, stats) in batch.items()} == {
+        qid: min(3, len(lucene.search(query, k=10))) for qid, query in zip(["q1", "q2", "q3", "q4"], QUERIES)}
 
 
 # ------------------------------------------------------------------------------------ zero and unlimited budgets
@@ -103,13 +103,14 @@ def test_zero_budget_returns_exactly_the_bm25_ranking(tiny_index, tiny_maxsim_di
     searcher = maxsim_searcher(tiny_index, tiny_maxsim_dir, rerank_depth=10, time_budget_ms=0)
     for query in QUERIES:
         expected = [(hit.docid, float(hit.score)) for hit in lucene.search(query, k=10)]
-        assert [(hit.docid, hit.score) for hit in searcher.search(query, k=10)] == expected
-        assert searcher.last_depth == 0 and searcher.last_rerank_ms == 0.0
-    batch = searcher.batch_search(list(QUERIES), ["q1", "q2", "q3", "q4"], k=10)
+        hits, stats = searcher.search_with_stats(query, k=10)
+        assert [(hit.docid, hit.score) for hit in hits] == expected
+        assert stats.depth == 0 and stats.rerank_ms == 0.0
+    batch = searcher.batch_search_with_stats(list(QUERIES), ["q1", "q2", "q3", "q4"], k=10)
     for qid, query in zip(["q1", "q2", "q3", "q4"], QUERIES):
-        assert [(h.docid, h.score) for h in batch[qid]] == [(h.docid, float(h.score))
-                                                             for h in lucene.search(query, k=10)]
-    assert set(searcher.chosen_depths.values()) == {0}
+        assert [(h.docid, h.score) for h in batch[qid][0]] == [(h.docid, float(h.score))
+                                                                for h in lucene.search(query, k=10)]
+    assert {stats.depth for _, stats in batch.values()} == {0}
     assert searcher.calibration is None  # nothing to predict: never measured
     # A budget below the fixed cost of a query buys no reranking either.
     searcher.calibration, searcher.time_budget_ms = Calibration(fixed_ms=5.0, per_candidate_ms=0.1), 4.9
@@ -126,8 +127,9 @@ def test_unlimited_budget_equals_plain_reranking(tiny_index, tiny_maxsim_dir, ma
     for query in QUERIES:
         expected = [(hit.docid, hit.score) for hit in plain.search(query, k=15)]
         for searcher in unlimited:
-            assert [(hit.docid, hit.score) for hit in searcher.search(query, k=15)] == expected
-            assert searcher.last_depth == min(10, len(expected))
+            hits, stats = searcher.search_with_stats(query, k=15)
+            assert [(hit.docid, hit.score) for hit in hits] == expected
+            assert stats.depth == min(10, len(expected))
         bm25 = [(hit.docid, float(hit.score)) for hit in lucene.search(query, k=15)]
         reranked_somewhere |= expected != bm25
     assert reranked_somewhere  # the comparison is with reranking, not with BM25 again
@@ -158,13 +160,13 @@ def test_fit_recovers_a_line_and_never_goes_negative():
 def test_calibration_cache_round_trips_and_recalibrate_measures_again(tiny_index, tiny_maxsim_dir, maxsim_sidecar,
                                                                       calibration_cache, monkeypatch):
     measured = []
-    real_measure = budget.measure_costs
+    real_measure = calibration_module.measure_costs
 
     def counting_measure(searcher, queries, sizes, **kwargs):
         measured.append((searcher.reranker.batch_size, list(sizes)))
         return real_measure(searcher, queries, sizes, **kwargs)
 
-    monkeypatch.setattr(budget, "measure_costs", counting_measure)
+    monkeypatch.setattr(calibration_module, "measure_costs", counting_measure)
     first = maxsim_searcher(tiny_index, tiny_maxsim_dir, rerank_depth=10).calibrate(repeats=1)
     assert measured == [(250, [1, 10])]
     assert [n for n, _ in first.points] == [1, 10] and first.max_candidates == 10
@@ -195,9 +197,9 @@ def test_calibration_cache_round_trips_and_recalibrate_measures_again(tiny_index
 def test_a_budgeted_search_calibrates_on_first_use(tiny_index, tiny_maxsim_dir, maxsim_sidecar, calibration_cache):
     searcher = maxsim_searcher(tiny_index, tiny_maxsim_dir, rerank_depth=5, time_budget_ms=1e6)
     assert searcher.calibration is None
-    hits = searcher.search(QUERIES[0], k=5)
+    hits, stats = searcher.search_with_stats(QUERIES[0], k=5)
     assert searcher.calibration is not None and searcher.calibration.max_candidates == 5
-    assert searcher.last_depth == min(5, len(hits)) and list(calibration_cache.glob("maxsim-*.json"))
+    assert stats.depth == min(5, len(hits)) and list(calibration_cache.glob("maxsim-*.json"))
 
 
 # -------------------------------------------------------------------------------------------- the commands

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pyserini_mores._cli import format_model_arg, parse_model_args
+from pyserini_mores._cli import parse_model_args
+from pyserini_mores._model_args import format_model_arg
 
 
 def test_values_are_json_or_bare_strings():

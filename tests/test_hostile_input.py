@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from pyserini_mores import Query, Text, get_reranker
+from pyserini_mores import _io as io_module
 from pyserini_mores.formats import FormatError, read_collection, read_qrels, read_run, read_topics, write_run
 from pyserini_mores.index import build_lucene_index, fetch_texts, index_docids, open_searcher
 from pyserini_mores.search import RerankingSearcher
@@ -180,8 +181,8 @@ def test_blank_queries_get_no_hits_like_pyserini(tiny_index, tiny_maxsim_dir, ma
     assert searcher.sidecar_path == maxsim_sidecar
     for query in ("", "   ", "\t", "the of and"):  # the last: only stopwords, no BM25 terms
         assert lucene.search(query, k=10) == []
-        assert searcher.search(query, k=10) == []
-        assert searcher.last_depth == 0 and searcher.last_rerank_ms == 0.0
+        hits, stats = searcher.search_with_stats(query, k=10)
+        assert hits == [] and (stats.depth, stats.rerank_ms) == (0, 0.0)
     results = searcher.batch_search(["", "text editor", "  "], ["q0", "q1", "q2"], k=5)
     assert results["q0"] == [] and results["q2"] == []
     assert sorted(hit.docid for hit in results["q1"]) == sorted(hit.docid for hit in lucene.search("text editor", 5))
@@ -369,7 +370,7 @@ class _FillingStream:
 
 def _use_disk(monkeypatch, disk: FullDisk) -> None:
     monkeypatch.setattr(writer_module, "open", disk.open, raising=False)
-    monkeypatch.setattr(format_module, "open", disk.open, raising=False)
+    monkeypatch.setattr(io_module, "open", disk.open, raising=False)  # journal state, manifest, block logs
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from pyserini_mores.models import SHIPPED_MODELS_DIR, load_model, shipped_model_path, shipped_models
-from pyserini_mores.search.embedded import DEFAULT_MODEL, DEFAULT_RERANKER
+from pyserini_mores.search.sample import DEFAULT_MODEL, DEFAULT_RERANKER
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shlex
 import subprocess
@@ -108,10 +107,9 @@ class Pipeline:
     def record(self, step: str, seconds: float, command: list[str] | None, **extra) -> None:
         self.journal[step] = {"seconds": round(seconds, 1), "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
                               "command": shlex.join(map(str, command)) if command else None, **extra}
-        path = self.work / "pipeline.json"
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.journal, indent=2) + "\n")
-        os.replace(tmp, path)  # a kill never leaves a half-written journal
+        from pyserini_mores._io import write_json_atomic
+
+        write_json_atomic(self.work / "pipeline.json", self.journal)  # a kill never leaves a half-written journal
 
     def check_same_command(self, step: str, command: list[str]) -> None:
         """Refuse to skip a finished step whose command has changed since (a recipe row or flag edited): its
@@ -222,7 +220,7 @@ class Pipeline:
     def build_sidecar_of_start(self, model: Model) -> None:
         """The sidecar a ``sidecar_first`` row trains against: its starting model with the recipe's model arguments
         (what the stored vectors depend on), written where ``--doc-sidecar default`` and the search look for it."""
-        from pyserini_mores._cli import format_model_arg
+        from pyserini_mores._model_args import format_model_arg
         from pyserini_mores.train.recipes import read_recipe
 
         settings = read_recipe(model.recipe)["settings"]
@@ -321,12 +319,12 @@ def check_arguments(step: str, command: list) -> None:
         define_search_args(parser)
     elif module == "pyserini_mores.sidecar":
         from pyserini_mores.sidecar.__main__ import build_parser
-        parser = build_parser(with_build=True)
+        parser = build_parser()
     elif module == "pyserini_mores.eval":
         from pyserini_mores.eval.__main__ import build_parser
         parser = build_parser()
     else:
-        from pyserini_mores.index import build_parser
+        from pyserini_mores.index.__main__ import build_parser
         parser = build_parser()
     errors = io.StringIO()
     try:

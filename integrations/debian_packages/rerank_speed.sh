@@ -6,7 +6,7 @@ set -euo pipefail
 DATA=${1:-../shared/data/debian-packages}
 N=${2:-10}
 PREC=${3:-bf16}
-IDX=$(python -c "from pyserini_mores.search.embedded import prepare_sample; print(prepare_sample().index)" | tail -1)
+IDX=$(python -c "from pyserini_mores.search.sample import prepare_sample; print(prepare_sample().index)" | tail -1)
 VARIANTS=(
   "maxsim"
   "mores --model-arg reuse=s1"

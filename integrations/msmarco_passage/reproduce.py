@@ -425,7 +425,7 @@ def _validate(argv: list[str]) -> None:
         elif module == "pyserini_mores.sidecar":
             from pyserini_mores.sidecar.__main__ import build_parser
 
-            _model_args(_parse(build_parser(with_build=True), args).model_arg)
+            _model_args(_parse(build_parser(), args).model_arg)
         elif module == "pyserini_mores.eval":
             from pyserini_mores.eval.__main__ import build_parser, parse_metrics
 
@@ -822,17 +822,14 @@ def fetch_topics(name: str, output: str | Path) -> None:
 
 
 def fetch_qrels(name: str, output: str | Path) -> None:
+    from pyserini_mores._io import copy_file_atomic
     from pyserini_mores._jvm import import_pyserini
 
     try:
         source = import_pyserini("pyserini.search").get_qrels_file(name)
     except Exception as error:  # Java IOExceptions when the download fails
         raise OSError(f"Pyserini could not provide qrels '{name}': {str(error).splitlines()[0]}") from error
-    output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    partial = output.with_name(output.name + ".part")
-    shutil.copyfile(source, partial)
-    os.replace(partial, output)
+    copy_file_atomic(source, output)
     print(f"copied qrels {name} ({source}) to {output}")
 
 

@@ -1,19 +1,22 @@
 """Side-by-side speed benchmark of every reranker on this machine (``python -m pyserini_mores.bench``).
 
-:mod:`.flops` holds the analytic FLOP formulas, :mod:`.workload` what is measured (backbones, variants, synthetic
-candidates, sidecars), :mod:`.runner` the timing protocol, :mod:`.report` the table, JSON and plot. Heavy imports
-(torch, matplotlib) happen inside functions.
+:mod:`.flops` holds the FLOP accounting (each model's formula is the model's own), :mod:`.workload` what is measured
+(backbones, variants, synthetic candidates, sidecars), :mod:`.runner` the timing protocol, :mod:`.report` the table,
+JSON and plot. Exports are imported lazily, so that ``--help`` starts neither torch nor matplotlib.
 """
 from __future__ import annotations
 
-from .flops import FlopCount, cross_encoder_flops, mores_flops, prettr_flops, tk_flops
+from .._lazy import lazy_exports
 
+_EXPORTS = {
+    "FlopCount": ".flops",
+    "cross_encoder_flops": ".flops",
+    "mores_flops": ".flops",
+    "prettr_flops": ".flops",
+    "tk_flops": ".flops",
+    "run_benchmark": ".runner",
+}
 
-def run_benchmark(config, progress=None) -> dict:
-    """See :func:`.runner.run_benchmark`."""
-    from .runner import run_benchmark as run
+__all__ = sorted(_EXPORTS)
 
-    return run(config, progress=progress)
-
-
-__all__ = ["FlopCount", "cross_encoder_flops", "mores_flops", "prettr_flops", "tk_flops", "run_benchmark"]
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -5,6 +5,9 @@ whose token counts are exact, and the sidecar each precomputing variant reads, w
 Stored rows are random vectors of the exact shape the model's ``encode_documents`` produces (checked on a short
 document): encoding 1000 documents of 512 tokens with a 12-layer encoder would cost as much as the cross-encoder
 run itself, and values do not change the time of any kernel.
+
+What differs between models — their variants, how they read a document, their FLOP count — is declared by each model
+class (:class:`~pyserini_mores.models.base.RankingModel`); this module holds none of it.
 """
 from __future__ import annotations
 
@@ -17,26 +20,28 @@ from pathlib import Path
 
 import numpy as np
 
-from . import flops as flop_formulas
+from ..models.flops import FlopCount
+from ..models.registry import model_class, model_types
 
 logger = logging.getLogger(__name__)
 
-MODELS = ("cross-encoder", "mores", "prettr", "tk")
 PRETTR_COMPRESSION_DIM = 128
-TK_LAYERS = 2  # TK-2, the paper's recommended trade-off
+#: TK-2 (the paper's recommended trade-off) with the paper's contextualiser
+PAPER_TK = {"num_layers": 2, "num_heads": 16, "head_dim": 32, "ffn_dim": 100}
 
 
 @dataclass(frozen=True)
 class Backbone:
     """A BERT shape the models are built at. ``pretrained``: load real weights with ``from_backbone`` (MiniLM);
-    otherwise random weights on the real MiniLM WordPiece tokenizer. ``tk``: TK's contextualiser hyperparameters."""
+    otherwise random weights on the real MiniLM WordPiece tokenizer. ``model_options``: per model type, config
+    values the models take at this backbone beyond its BERT shape (TK's contextualiser)."""
 
     name: str
     pretrained: str | None = None
     dims: dict = field(default_factory=dict)  # BertDims fields for random-weight backbones
-    tk: dict = field(default_factory=lambda: {"num_heads": 16, "head_dim": 32, "ffn_dim": 100})
+    model_options: dict = field(default_factory=lambda: {"tk": PAPER_TK})
     extend_positions: bool = True  # random weights: let joint models see q + d tokens even past 512
-    compression_dim: int = 128  # PreTTR's compressed width (the paper's smallest, e = 128)
+    compression_dim: int = PRETTR_COMPRESSION_DIM  # compressed stores' width (PreTTR's smallest in the paper)
 
 
 BACKBONES = {
@@ -46,7 +51,8 @@ BACKBONES = {
     # hidden: for the smoke test
     "tiny": Backbone("tiny", dims=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                        intermediate_size=64),
-                     tk={"num_heads": 4, "head_dim": 8, "ffn_dim": 16}, compression_dim=16),
+                     model_options={"tk": {**PAPER_TK, "num_heads": 4, "head_dim": 8, "ffn_dim": 16}},
+                     compression_dim=16),
 }
 PUBLIC_BACKBONES = ("bert-base", "minilm")
 
@@ -69,37 +75,16 @@ class Variant:
 
 
 def variants_for(num_layers: int, compression_dim: int = PRETTR_COMPRESSION_DIM) -> list[Variant]:
-    """Every variant the benchmark knows for an encoder of ``num_layers`` layers (PreTTR joins at ``L−1`` and
-    ``L−2``, uncompressed and at ``compression_dim``; MORES needs more layers than blocks)."""
-    variants = [Variant("cross-encoder", "full")]
-    for blocks in (1, 2):
-        for reuse in ("s1", "s2"):
-            variants.append(Variant("mores", f"{blocks}xIB-{reuse}",
-                                    (("n_interaction_blocks", blocks), ("reuse", reuse))))
-        # Reuse-S2 read as stored and head-major, beside the default ("auto" picks one by head width)
-        for reads in ("tokens", "heads"):
-            variants.append(Variant("mores", f"{blocks}xIB-s2-{reads}",
-                                    (("n_interaction_blocks", blocks), ("reuse", "s2"), ("s2_reads", reads))))
-    for join in (num_layers - 1, num_layers - 2):
-        if join < 0:
-            continue
-        for compression in (None, compression_dim):
-            name = f"l{join}" + (f"-e{compression}" if compression else "")
-            variants.append(Variant("prettr", name, (("compression_dim", compression), ("join_layer", join))))
-    # the last layer's document keys and values stored (the sidecar variant beyond the paper)
-    variants.append(Variant("prettr", f"l{num_layers - 1}-kv",
-                            (("compression_dim", None), ("join_layer", num_layers - 1), ("reuse", "kv"))))
-    for mode in ("ctx", "online"):
-        variants.append(Variant("tk", mode, (("mode", mode),)))
-    return variants
+    """Every variant the benchmark knows for an encoder of ``num_layers`` layers: each registered model's own
+    (:meth:`~pyserini_mores.models.base.RankingModel.benchmark_variants`), in registry order."""
+    return [Variant(model_type, name, tuple(sorted(options.items())))
+            for model_type in model_types()
+            for name, options in model_class(model_type).benchmark_variants(num_layers, compression_dim)]
 
 
 def feasible(variant: Variant, num_layers: int) -> str | None:
     """Why ``variant`` cannot be built at ``num_layers`` layers, or ``None``."""
-    blocks = variant.config.get("n_interaction_blocks")
-    if blocks is not None and blocks >= num_layers:
-        return f"MORES with {blocks} interaction blocks needs more than {num_layers} layers"
-    return None
+    return model_class(variant.model).benchmark_skip_reason(variant.config, num_layers)
 
 
 def backbone_variants(backbone: str) -> list[Variant]:
@@ -121,10 +106,11 @@ def select_variants(selectors: list[str] | None, backbone: str) -> list[Variant]
 
 def check_selectors(selectors: list[str], backbones: list[str]) -> None:
     """Raise ``ValueError`` for a selector that matches no variant at any of the backbones."""
+    known = list(dict.fromkeys(variant.model for backbone in backbones for variant in backbone_variants(backbone)))
     for selector in selectors:
         model = selector.split(":", 1)[0]
-        if model not in MODELS:
-            raise ValueError(f"unknown model '{model}' in --models; known: {', '.join(MODELS)}")
+        if model not in known:
+            raise ValueError(f"unknown model '{model}' in --models; known: {', '.join(known)}")
         if not any(select_variants([selector], backbone) for backbone in backbones):
             names = sorted({v.key for b in backbones for v in backbone_variants(b) if v.model == model})
             raise ValueError(f"no variant '{selector}'; {model} has: {', '.join(names)}")
@@ -181,69 +167,39 @@ def cell_lengths(backbone: str, query_len: int, doc_len: int) -> Lengths:
     return Lengths(query_len, doc_len, min(doc_len, positions - query_len + 1), positions)
 
 
+def doc_tokens(variant: Variant, lengths: Lengths) -> int:
+    """The document tokens the model of ``variant`` reads in this cell (see :class:`Lengths`), which are also the
+    rows it stores per document."""
+    return lengths.joint_doc_len - 1 if model_class(variant.model).joint_input else lengths.doc_len
+
+
 def build_model(variant: Variant, backbone: str, lengths: Lengths):
     """The model of ``variant`` at ``backbone`` dims, in eval mode (random weights unless the backbone is real)."""
     import torch
 
     spec = BACKBONES[backbone]
-    options = variant.config
-    if variant.model == "tk":
-        return _build_tk(spec, backbone, lengths, options["mode"])
-    joint = variant.model in ("cross-encoder", "prettr")
+    cls = model_class(variant.model)
+    options = {**spec.model_options.get(variant.model, {}), **variant.config}
     limits = {"query_max_length": lengths.query_len,
-              "doc_max_length": lengths.joint_doc_len if joint else lengths.doc_len}
-    if variant.model == "mores":
-        from ..models.mores import MoresConfig as config_class, MoresModel as model_class
-    elif variant.model == "prettr":
-        from ..models.prettr import PreTTRConfig as config_class, PreTTRModel as model_class
-    else:
-        from ..models.cross_encoder import CrossEncoder as model_class, CrossEncoderConfig as config_class
+              "doc_max_length": lengths.joint_doc_len if cls.joint_input else lengths.doc_len}
     if spec.pretrained:
-        return model_class.from_backbone(spec.pretrained, **limits, **options).eval()
+        return cls.from_backbone(spec.pretrained, **limits, **options).eval()
     dims = replace(backbone_dims(backbone), max_position_embeddings=lengths.max_positions)
-    torch.manual_seed(0)
-    return model_class(config_class(encoder=dims, backbone=f"random:{backbone}", **limits, **options),
-                       minilm_tokenizer()).eval()
-
-
-def _build_tk(spec: Backbone, backbone: str, lengths: Lengths, mode: str):
-    import torch
-
-    from ..models.tk import TKConfig, TKModel
-
-    settings = dict(num_layers=TK_LAYERS, query_max_length=lengths.query_len, doc_max_length=lengths.doc_len,
-                    mode=mode, **spec.tk)
-    if spec.pretrained:
-        return TKModel.from_backbone(spec.pretrained, **settings).eval()
     tokenizer = minilm_tokenizer()
     torch.manual_seed(0)
-    config = TKConfig(embedding_dim=backbone_dims(backbone).hidden_size, vocab_size=len(tokenizer),
-                      tokenizer_type="wordpiece", backbone=f"random:{backbone}", **settings)
-    return TKModel(config, tokenizer).eval()
+    config = cls.random_config(dims, tokenizer, backbone=f"random:{backbone}", **limits, **options)
+    return cls(config, tokenizer).eval()
 
 
-def flop_count(variant: Variant, model, lengths: Lengths) -> flop_formulas.FlopCount:
+def flop_count(variant: Variant, model, lengths: Lengths) -> FlopCount:
     """The analytic online FLOPs of ``model`` (built from ``variant``) on this cell's token counts."""
-    if variant.model == "tk":
-        return flop_formulas.tk_flops(flop_formulas.TKShape.from_config(model.config), lengths.query_len,
-                                      lengths.doc_len, model.config.mode)
-    shape = flop_formulas.EncoderShape.from_dims(model.config.encoder)
-    if variant.model == "cross-encoder":
-        return flop_formulas.cross_encoder_flops(shape, lengths.query_len, lengths.joint_doc_len - 1,
-                                                 model.config.num_labels)
-    if variant.model == "mores":
-        return flop_formulas.mores_flops(shape, lengths.query_len, lengths.doc_len,
-                                         model.config.n_interaction_blocks, model.config.reuse,
-                                         model.config.num_labels, every_row=model.config.pooling != "cls")
-    return flop_formulas.prettr_flops(shape, lengths.query_len, lengths.joint_doc_len - 1,
-                                      model.config.join_layer, model.config.compression_dim, model.config.reuse)
+    return model.flops(lengths.query_len, doc_tokens(variant, lengths))
 
 
 def stored_doc_tokens(variant: Variant, lengths: Lengths) -> int:
-    """Rows per document in the sidecar of a precomputing variant."""
-    if variant.model == "prettr":
-        return lengths.joint_doc_len - 1  # d [SEP]
-    return lengths.doc_len  # MORES: [CLS] d [SEP]; TK: d words
+    """Rows per document in the sidecar of a precomputing variant (MORES: ``[CLS] d [SEP]``; PreTTR: ``d [SEP]``;
+    TK: the words)."""
+    return doc_tokens(variant, lengths)
 
 
 def check_stored_shape(model, variant: Variant, words: list[str]) -> None:
@@ -251,8 +207,8 @@ def check_stored_shape(model, variant: Variant, words: list[str]) -> None:
     import torch
 
     short = Lengths(query_len=16, doc_len=8, joint_doc_len=8, max_positions=512)
-    # 6 words + [CLS]/[SEP] = 8 WordPieces for BERT models; TK takes 8 words.
-    text = " ".join(words[:8 if variant.model == "tk" else 6])
+    # 8 tokens with the model's special tokens: 6 words + [CLS]/[SEP] for BERT models, 8 words for TK
+    text = " ".join(words[:8 - model.document_special_tokens])
     with torch.inference_mode():
         reps = model.encode_documents(model.tokenize_documents([text]))
     expected = (stored_doc_tokens(variant, short), model.store_width)
@@ -297,8 +253,8 @@ def write_sidecar(path: Path, model, variant: Variant, backbone: str, lengths: L
     rng = np.random.default_rng(seed)
     pool_docs = max(1, min(num_docs, 16))
     pool = rng.standard_normal((pool_docs, tokens, width), dtype=np.float32)
-    if variant.model == "tk":
-        pool /= np.linalg.norm(pool, axis=-1, keepdims=True)  # TK stores unit vectors
+    if model.stores_unit_vectors:
+        pool /= np.linalg.norm(pool, axis=-1, keepdims=True)
     if dtype != "bfloat16":  # numpy has no bfloat16: the writer rounds float32 rows itself
         pool = pool.astype(dtype)
     writer = SidecarWriter(path, dim=width, dtype=dtype, docids=[f"doc{row}" for row in range(num_docs)],
@@ -327,7 +283,7 @@ def default_work_dir() -> str | None:
     return os.environ.get("PYSERINI_MORES_BENCH_DIR")
 
 
-__all__ = ["BACKBONES", "PUBLIC_BACKBONES", "MODELS", "Variant", "Lengths", "variants_for", "select_variants",
-           "check_selectors", "backbone_variants", "feasible", "cell_lengths", "build_model", "flop_count", "stored_doc_tokens",
-           "check_stored_shape", "single_piece_words", "synthetic_texts", "write_sidecar", "backbone_dims",
-           "minilm_tokenizer", "directory_bytes"]
+__all__ = ["BACKBONES", "PUBLIC_BACKBONES", "Variant", "Lengths", "variants_for",
+           "select_variants", "check_selectors", "backbone_variants", "feasible", "cell_lengths", "build_model",
+           "doc_tokens", "flop_count", "stored_doc_tokens", "check_stored_shape", "single_piece_words",
+           "synthetic_texts", "write_sidecar", "backbone_dims", "minilm_tokenizer", "directory_bytes"]

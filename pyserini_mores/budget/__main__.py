@@ -23,6 +23,11 @@ import argparse
 import logging
 import sys
 
+from .._cli import parse_model_args, setup_logging
+from ..formats import write_run
+from ..search.__main__ import load_qrels, load_topics
+from .sweep import format_markdown, parse_reranker_specs, run_sweep, write_outputs
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_BUDGETS = (25, 50, 100, 250, 500, 1000)
@@ -64,8 +69,6 @@ def define_budget_args(parser: argparse.ArgumentParser) -> None:
 
 def parse_scoped_model_args(items: list[str]) -> dict[str | None, dict]:
     """``["reuse=s1", "mores:n_interaction_blocks=2"]`` → ``{None: {"reuse": "s1"}, "mores": {...: 2}}``."""
-    from .._cli import parse_model_args
-
     scoped: dict[str | None, dict] = {}
     for item in items:
         key = item.partition("=")[0]
@@ -82,8 +85,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if any(not budget >= 0 for budget in args.budgets):
         parser.error("--budgets are milliseconds >= 0 (or inf)")
-    from .._cli import setup_logging
-
     setup_logging(args.verbose)
     try:
         return run(args, argv)
@@ -94,16 +95,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace, argv: list[str] | None) -> int:
-    from ..search.__main__ import load_qrels, load_topics
-    from .sweep import parse_reranker_specs, run_sweep, write_outputs
-
     embedded = args.index is None
     if embedded != (args.topics is None) or (args.index is None) != (args.qrels is None):
         raise ValueError("--index, --topics and --qrels go together (give none to sweep the embedded sample)")
     specs = parse_reranker_specs(args.rerankers, parse_scoped_model_args(args.model_arg))
     sample = None
     if embedded:
-        from ..search.embedded import prepare_sample
+        from ..search.sample import prepare_sample
 
         sample = prepare_sample()
         index, topics_arg, qrels_arg = sample.index, str(sample.topics), str(sample.qrels)
@@ -121,7 +119,9 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     searchers = {}
     try:
         for spec in specs:
-            searchers[spec.display] = open_searcher_for(spec, index, args, sample)
+            searchers[spec.display] = open_searcher_for(
+                spec, index, sample, k1=args.k1, b=args.b, rerank_depth=args.rerank_depth,
+                batch_size=args.rerank_batch_size, precision=args.precision)
         first = next(iter(searchers.values()))
         print(f"Index: {first.index.path} ({first.num_docs} documents), {len(topics)} queries; rerankers: "
               f"{', '.join(searchers)}; budgets (ms): {' '.join(f'{b:g}' for b in args.budgets)}")
@@ -150,28 +150,25 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     paths = write_outputs(result, args.output_dir, title=title)
     if args.save_runs:
         write_runs(result, paths["tsv"].parent / "runs")
-    from .sweep import format_markdown
-
     print(format_markdown(result.rows), end="")
     print("Written: " + ", ".join(str(path) for path in paths.values()))
     return 0
 
 
-def open_searcher_for(spec, index, args, sample):
+def open_searcher_for(spec, index, sample, *, k1: float | None, b: float | None, rerank_depth: int,
+                      batch_size: int, precision: str):
     """A :class:`RerankingSearcher` for one spec; learned rerankers must find their sidecar (built on first use for
-    the embedded sample)."""
+    the embedded sample). ``batch_size`` and ``precision`` are the learned rerankers'."""
+    from ..search.sample import sample_searcher
     from ..search.searcher import RerankingSearcher
 
     kwargs = {}
     if spec.name != "bm25":
-        kwargs = {"model": spec.model, "batch_size": args.rerank_batch_size, "precision": args.precision,
-                  **spec.overrides}
+        kwargs = {"model": spec.model, "batch_size": batch_size, "precision": precision, **spec.overrides}
     if sample is not None:
-        from ..search.embedded import sample_searcher
-
-        return sample_searcher(sample, spec.name, k1=args.k1, b=args.b, rerank_depth=args.rerank_depth, **kwargs)
-    return RerankingSearcher(index, spec.name, k1=args.k1, b=args.b, rerank_depth=args.rerank_depth,
-                             require_sidecar=True, **kwargs)
+        return sample_searcher(sample, spec.name, k1=k1, b=b, rerank_depth=rerank_depth, **kwargs)
+    return RerankingSearcher(index, spec.name, k1=k1, b=b, rerank_depth=rerank_depth, require_sidecar=True,
+                             **kwargs)
 
 
 def _torch_threads() -> int:
@@ -181,8 +178,6 @@ def _torch_threads() -> int:
 
 
 def write_runs(result, directory) -> None:
-    from ..formats import write_run
-
     for (label, budget), results in result.runs.items():
         name = f"{label.replace(':', '_').replace('/', '_')}-{budget:g}ms.trec"
         write_run(directory / name, results, tag=f"pyserini_mores-{label}-{budget:g}ms")

@@ -7,12 +7,21 @@ are shared by every configuration.
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+
+from tqdm import tqdm
+
+from .._io import write_text_atomic
+from ..eval.metrics import evaluate
+from ..formats import results_to_run
+from ..types import hits_to_texts, texts_to_hits
 
 logger = logging.getLogger(__name__)
 
@@ -110,14 +119,9 @@ def run_sweep(searchers: dict[str, Any], topics: dict[str, str], qrels: dict[str
     """Rerank ``topics`` with every searcher (label → :class:`~pyserini_mores.search.RerankingSearcher`) under
     every budget (ms per query, rerank stage only) and evaluate against ``qrels``.
 
-    Each searcher is calibrated once (from the cache unless ``recalibrate``) before any query is timed.
+    Each searcher is calibrated once (from the cache unless ``recalibrate``) before any query is timed; every
+    query goes through :meth:`~pyserini_mores.search.RerankingSearcher.rerank_hits` with each budget in turn.
     """
-    from tqdm import tqdm
-
-    from ..eval.metrics import evaluate
-    from ..formats import results_to_run
-    from ..types import hits_to_texts, texts_to_hits
-
     if not searchers:
         raise ValueError("no rerankers to sweep")
     if any(not budget >= 0 for budget in budgets):
@@ -142,16 +146,15 @@ def run_sweep(searchers: dict[str, Any], topics: dict[str, str], qrels: dict[str
     bar = tqdm(total=len(qids), unit="query", desc="budget sweep", disable=not progress)
     for start in range(0, len(qids), batch_size):
         batch = qids[start:start + batch_size]
-        first_stage = first.searcher.batch_search([topics[qid] for qid in batch], batch, k=depth, threads=threads)
+        first_stage = first.first_stage([topics[qid] for qid in batch], batch, k=depth, threads=threads)
         for qid in batch:
             # Plain Python hits, shared by every configuration (the reranking never mutates its input hits).
             candidates = texts_to_hits(hits_to_texts(first_stage.get(qid, [])))
             for label, budget in configs:
-                searcher = searchers[label]
-                searcher.time_budget_ms = budget
-                results[label, budget][qid] = searcher._rerank(topics[qid], candidates)[:hits]
-                depths[label, budget].append(searcher.last_depth)
-                times[label, budget].append(searcher.last_rerank_ms)
+                ranked, stats = searchers[label].rerank_hits(topics[qid], candidates, time_budget_ms=budget)
+                results[label, budget][qid] = ranked[:hits]
+                depths[label, budget].append(stats.depth)
+                times[label, budget].append(stats.rerank_ms)
             bar.update(1)
     bar.close()
 
@@ -212,6 +215,7 @@ def plot_sweep(rows: Sequence[SweepRow], path: str | Path, *, title: str = "") -
 
     Drawn on an Agg canvas of its own, so it never touches pyplot's global backend.
     """
+    # matplotlib only when a plot is drawn: `python -m pyserini_mores.budget --help` imports this module.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -260,16 +264,11 @@ def plot_sweep(rows: Sequence[SweepRow], path: str | Path, *, title: str = "") -
 
 def write_outputs(result: SweepResult, output_dir: str | Path, *, title: str = "") -> dict[str, Path]:
     """``budget_sweep.{tsv,md,json,png}`` in ``output_dir``; returns the paths by kind."""
-    import json
-
-    from ..formats import atomic_writer
-
     output_dir = Path(output_dir)
     paths = {kind: output_dir / f"{OUTPUT_STEM}.{kind}" for kind in ("tsv", "md", "json", "png")}
     contents = {"tsv": format_tsv(result.rows), "md": format_markdown(result.rows),
                 "json": json.dumps(result.to_dict(), indent=2) + "\n"}
     for kind, text in contents.items():
-        with atomic_writer(paths[kind]) as stream:
-            stream.write(text)
+        write_text_atomic(paths[kind], text)
     plot_sweep(result.rows, paths["png"], title=title)
     return paths

@@ -76,7 +76,7 @@ def run_explain(args: argparse.Namespace) -> int:
 
     index = args.index
     if index is None:
-        from ..search.embedded import prepare_sample
+        from ..search.sample import prepare_sample
 
         sample = prepare_sample()
         index = sample.index

@@ -1,13 +1,16 @@
-"""Model type → explainer: fill in each document's attention maps or kernel scores for one query, reading the
-reranker's sidecar where it has one and the document text otherwise."""
+"""Explanations of one query's documents, drawn from what each model gives (its class's ``explanation``): attention
+maps from its own layers (:meth:`~pyserini_mores.models.base.RankingModel.attention_maps`: MORES, PreTTR) or kernel
+scores (TK), read from the reranker's sidecar where it has one and from the document text otherwise."""
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
-from ._attention import combine_heads, mores_attention, parse_heads, prettr_joined_attention
+from ..models.mores import MoresAttention
+from ..models.prettr import JoinedAttention
+from ..models.registry import ModelTable
 from ._kernels import compare_kernel_scores, tk_kernel_scores
 from ._types import AttentionMap, DocumentExplanation, Report
 
@@ -21,8 +24,9 @@ def explain_documents(reranker, query: str, documents: list[DocumentExplanation]
     """A :class:`Report` for ``documents`` (docid and text filled in; scores and ranks as the caller knows them).
 
     Args:
-        reranker: a :class:`~pyserini_mores.rerankers.ModelReranker` whose model is MORES, TK or PreTTR; its
-            ``sidecar`` (if any) provides the stored document representations.
+        reranker: a :class:`~pyserini_mores.rerankers.ModelReranker` whose model gives an explanation (its
+            class's ``explanation``: MORES, PreTTR, TK); its ``sidecar`` (if any) provides the stored document
+            representations.
         query: the query text.
         documents: the documents to explain, in display order (TK compares the first two).
         heads: ``"mean"`` (default) or comma-separated 0-based head numbers to average (MORES, PreTTR).
@@ -69,10 +73,49 @@ def _tokens(tokenizer, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
     return tokenizer.convert_ids_to_tokens(ids[mask.bool()].tolist())
 
 
-# ---- MORES ----------------------------------------------------------------------------------------------------------
-def explain_mores(model, sidecar, report: Report, *, heads: str | None = None, layer: int | None = None) -> None:
-    """Paper Figure 2: document-module self-attention (one layer), query-module self-attention (last layer), and
-    each interaction block's query→document cross-attention."""
+# ---- attention maps -------------------------------------------------------------------------------------------------
+def combine_heads(probs: torch.Tensor, heads: Sequence[int] | None = None) -> torch.Tensor:
+    """``[..., h, r, c]`` → ``[..., r, c]``: the mean over ``heads`` (all heads when ``None``).
+
+    A mean of rows that each sum to 1 still sums to 1, so combined maps stay distributions.
+    """
+    if heads is None:
+        return probs.mean(-3)
+    return probs[..., list(heads), :, :].mean(-3)
+
+
+def parse_heads(text: str | None, num_heads: int) -> list[int] | None:
+    """``"mean"``/``None`` → ``None`` (all heads averaged); ``"0,3"`` → ``[0, 3]`` (0-based, checked)."""
+    if text is None or text.strip().lower() in ("", "mean", "all"):
+        return None
+    try:
+        heads = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"--heads takes 'mean' or comma-separated head numbers such as 0,3; got '{text}'") from None
+    bad = [head for head in heads if not 0 <= head < num_heads]
+    if not heads or bad:
+        raise ValueError(f"heads are numbered 0..{num_heads - 1} in this model; got '{text}'")
+    return sorted(set(heads))
+
+
+def mores_attention(model, query_batch: dict, *, docs: torch.Tensor | None = None,
+                    lengths: torch.Tensor | None = None, doc_batch: dict | None = None,
+                    document_layer: int | None = None) -> MoresAttention:
+    """Attention maps of a MORES model for one query (paper Figure 2): its own
+    :meth:`~pyserini_mores.models.mores.MoresModel.attention_maps`, ``document_layer`` the document-module layer."""
+    return model.attention_maps(query_batch, docs=docs, lengths=lengths, doc_batch=doc_batch, layer=document_layer)
+
+
+def prettr_joined_attention(model, query_batch: dict, *, docs: torch.Tensor | None = None,
+                            lengths: torch.Tensor | None = None, doc_batch: dict | None = None) -> JoinedAttention:
+    """Attention of a PreTTR model's first joined layer ``l+1`` for one query: its own
+    :meth:`~pyserini_mores.models.prettr.PreTTRModel.attention_maps`."""
+    return model.attention_maps(query_batch, docs=docs, lengths=lengths, doc_batch=doc_batch)
+
+
+def explain_attention(model, sidecar, report: Report, *, heads: str | None = None, layer: int | None = None) -> None:
+    """Fill in each document's attention maps from the model's :meth:`attention_maps`, laid out by what they are
+    (:data:`ATTENTION_FIGURES`)."""
     documents = report.documents
     report.heads = chosen = parse_heads(heads, model.config.encoder.num_attention_heads)
     query_batch = model.tokenize_queries([report.query])
@@ -81,8 +124,14 @@ def explain_mores(model, sidecar, report: Report, *, heads: str | None = None, l
     docs, lengths = stored if stored is not None else (None, None)
     if stored is not None:
         _check_lengths(lengths, doc_batch["attention_mask"].sum(1), documents, "tokens")
-    attention = mores_attention(model, query_batch, docs=docs, lengths=lengths, doc_batch=doc_batch,
-                                document_layer=layer)
+    maps = model.attention_maps(query_batch, docs=docs, lengths=lengths, doc_batch=doc_batch, layer=layer)
+    ATTENTION_FIGURES[type(maps)](model, report, maps, query_batch, doc_batch, chosen, layer)
+
+
+def _module_figures(model, report: Report, attention: MoresAttention, query_batch: dict, doc_batch: dict,
+                    chosen: list[int] | None, layer: int | None) -> None:
+    """Paper Figure 2: document-module self-attention (one layer), query-module self-attention (last layer), and
+    each interaction block's query→document cross-attention."""
     tokenizer = model.tokenizer
     query_mask = attention.query_mask.cpu()
     query_tokens = _tokens(tokenizer, query_batch["input_ids"][0], query_mask)
@@ -91,7 +140,7 @@ def explain_mores(model, sidecar, report: Report, *, heads: str | None = None, l
         key=f"query_layer{attention.query_layer}", rows=query_tokens, columns=query_tokens, weights=query_map,
         title=f"Query representation module, layer {attention.query_layer}: query self-attention",
         layer=attention.query_layer, heads=chosen))
-    for row, document in enumerate(documents):
+    for row, document in enumerate(report.documents):
         doc_mask = attention.doc_mask[row].cpu()
         doc_tokens = _tokens(tokenizer, doc_batch["input_ids"][row], doc_mask)
         document_map = combine_heads(attention.document[row], chosen).cpu()[doc_mask][:, doc_mask]
@@ -104,31 +153,21 @@ def explain_mores(model, sidecar, report: Report, *, heads: str | None = None, l
             document.attention.append(AttentionMap(
                 key=f"ib{block}_cross", rows=query_tokens, columns=doc_tokens, weights=cross_map, heads=chosen,
                 title=f"Interaction block {block}: query → document cross-attention"))
-    if stored is not None:
+    if report.source != "text":
         report.notes.append(f"Cross-attention keys come from the stored Reuse-{model.config.reuse.upper()} "
                             "representations; the document-module self-attention was recomputed from the text.")
 
 
-# ---- PreTTR ---------------------------------------------------------------------------------------------------------
-def explain_prettr(model, sidecar, report: Report, *, heads: str | None = None, layer: int | None = None) -> None:
+def _joined_figures(model, report: Report, joined: JoinedAttention, query_batch: dict, doc_batch: dict,
+                    chosen: list[int] | None, layer: int | None) -> None:
     """Query↔document attention in the first joined layer ``l+1`` (rows and columns: real query tokens, then real
     document tokens)."""
     if layer is not None:
         logger.warning("--layer is ignored for PreTTR: its map is the first joined layer (l+1)")
-    documents = report.documents
-    report.heads = chosen = parse_heads(heads, model.config.encoder.num_attention_heads)
-    query_batch = model.tokenize_queries([report.query])
-    doc_batch = model.tokenize_documents([document.text for document in documents])
-    stored = _stored(sidecar, documents)
-    if stored is not None:
-        _check_lengths(stored[1], doc_batch["attention_mask"].sum(1), documents, "tokens")
-        joined = prettr_joined_attention(model, query_batch, docs=stored[0], lengths=stored[1])
-    else:
-        joined = prettr_joined_attention(model, query_batch, doc_batch=doc_batch)
     tokenizer = model.tokenizer
     query_ids, query_mask = query_batch["input_ids"][0], query_batch["attention_mask"][0].bool()
     query_tokens = _tokens(tokenizer, query_ids, query_mask)
-    for row, document in enumerate(documents):
+    for row, document in enumerate(report.documents):
         mask = joined.mask[row].cpu()
         doc_mask = doc_batch["attention_mask"][row].bool()
         tokens = query_tokens + _tokens(tokenizer, doc_batch["input_ids"][row], doc_mask)
@@ -137,6 +176,10 @@ def explain_prettr(model, sidecar, report: Report, *, heads: str | None = None, 
             key=f"joined_layer{joined.layer}", rows=tokens, columns=tokens, weights=weights, layer=joined.layer,
             heads=chosen, split=len(query_tokens),
             title=f"First joined layer ({joined.layer}): query ↔ document attention"))
+
+
+#: what a model's attention maps are → how the report lays them out
+ATTENTION_FIGURES = {MoresAttention: _module_figures, JoinedAttention: _joined_figures}
 
 
 # ---- TK -------------------------------------------------------------------------------------------------------------
@@ -157,5 +200,7 @@ def explain_tk(model, sidecar, report: Report, *, heads: str | None = None, laye
                              **compare_kernel_scores(scores[0], scores[1])}
 
 
-#: model_type → explainer
-EXPLAINERS: dict[str, Explainer] = {"mores": explain_mores, "prettr": explain_prettr, "tk": explain_tk}
+#: a model's ``explanation`` → what explains it
+EXPLAINER_OF_KIND: dict[str, Explainer] = {"attention": explain_attention, "kernels": explain_tk}
+#: model type → its explainer, for every registered model that gives an explanation
+EXPLAINERS = ModelTable(lambda model: EXPLAINER_OF_KIND.get(model.explanation))

@@ -5,8 +5,7 @@ import os
 import textwrap
 from pathlib import Path
 
-from ._kernels import KernelScores
-from ._types import AttentionMap
+from ._types import AttentionMap, KernelScores
 
 DPI = 110
 TOKEN_INCH = 0.15  # heatmap cell size

@@ -5,8 +5,7 @@ from __future__ import annotations
 from html import escape
 
 from ._figures import match_color, text_segments
-from ._kernels import KernelScores
-from ._types import Report
+from ._types import KernelScores, Report
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }

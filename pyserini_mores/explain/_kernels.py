@@ -5,99 +5,11 @@ Each decomposition is exact: the kernel contributions and the query-term contrib
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from ..models import pad_documents
 from ..models.tk import LOG_CLAMP_MIN
-from ._types import rounded as _rounded
-
-
-@dataclass
-class KernelScores:
-    """Why TK gave one document its score for one query.
-
-    Attributes:
-        query_tokens: the query terms that take part in matching (padding and OOV left out), rows below.
-        doc_tokens: the document terms that take part in matching, the columns of ``match_matrix``.
-        term_offsets: per document term its ``(start, end)`` characters in the text, or ``None`` when the
-            tokenizer cannot tell (word-level vocabularies).
-        read_chars: how many characters of the text the model read (the rest was cut at ``doc_max_length``), or
-            ``None`` when unknown.
-        kernel_mus: the kernel centres ``[K]``.
-        match_matrix: cosines ``[q, d]``.
-        query_kernel_mass: ``K_i^k`` (eq. 6) ``[q, K]``.
-        log_pooled, len_pooled: ``s^k_log`` (eq. 7, log base 2) and ``s^k_len`` (eq. 8) ``[K]``, unweighted.
-        log_contributions, len_contributions: the same with the learned scale and ``W_log``/``W_len`` applied
-            ``[K]`` (the paper's "model weights included" numbers); they sum to ``s_log``/``s_len``.
-        beta, gamma: the final weights: ``score = beta * s_log + gamma * s_len``.
-        query_term_contributions: each query term's share of the score ``[q]`` (sums to ``score``).
-    """
-
-    query_tokens: list[str]
-    doc_tokens: list[str]
-    term_offsets: list[tuple[int, int]] | None
-    read_chars: int | None
-    kernel_mus: list[float]
-    match_matrix: torch.Tensor
-    query_kernel_mass: torch.Tensor
-    log_pooled: torch.Tensor
-    len_pooled: torch.Tensor
-    log_contributions: torch.Tensor
-    len_contributions: torch.Tensor
-    beta: float
-    gamma: float
-    s_log: float
-    s_len: float
-    score: float
-    query_term_contributions: torch.Tensor
-
-    @property
-    def kernel_contributions(self) -> torch.Tensor:
-        """``[K]``: each kernel's share of the score, ``beta * log_k + gamma * len_k`` (sums to ``score``)."""
-        return self.beta * self.log_contributions + self.gamma * self.len_contributions
-
-    @property
-    def best_match(self) -> torch.Tensor:
-        """``[d]``: each document term's highest cosine with any query term (0 without query terms)."""
-        if not self.query_tokens:
-            return torch.zeros(len(self.doc_tokens))
-        return self.match_matrix.max(0).values
-
-    @property
-    def best_query_term(self) -> torch.Tensor:
-        """``[d]``: the index (in :attr:`query_tokens`) of each document term's best-matching query term."""
-        if not self.query_tokens:
-            return torch.zeros(len(self.doc_tokens), dtype=torch.long)
-        return self.match_matrix.argmax(0)
-
-    @property
-    def nearest_kernel(self) -> torch.Tensor:
-        """``[d]``: the index of the kernel whose centre is closest to each term's best match (Figure 3's colour)."""
-        mus = torch.tensor(self.kernel_mus)
-        return (self.best_match[:, None] - mus[None, :]).abs().argmin(1)
-
-    def to_json(self) -> dict:
-        return {
-            "score": self.score, "s_log": self.s_log, "s_len": self.s_len, "beta": self.beta, "gamma": self.gamma,
-            "kernel_mus": self.kernel_mus,
-            "query_tokens": self.query_tokens,
-            "doc_tokens": self.doc_tokens,
-            "term_offsets": self.term_offsets,
-            "read_chars": self.read_chars,
-            "query_kernel_mass": _rounded(self.query_kernel_mass),
-            "log_pooled": _rounded(self.log_pooled),
-            "len_pooled": _rounded(self.len_pooled),
-            "log_contributions": _rounded(self.log_contributions),
-            "len_contributions": _rounded(self.len_contributions),
-            "kernel_contributions": _rounded(self.kernel_contributions),
-            "query_term_contributions": _rounded(self.query_term_contributions),
-            "best_match": _rounded(self.best_match),
-            "best_query_term": self.best_query_term.tolist(),
-            "nearest_kernel_mu": [self.kernel_mus[index] for index in self.nearest_kernel.tolist()],
-            "match_matrix": _rounded(self.match_matrix),
-        }
+from ._types import KernelScores, rounded
 
 
 @torch.no_grad()
@@ -171,16 +83,16 @@ def compare_kernel_scores(first: KernelScores, second: KernelScores) -> dict:
     comparison = {
         "score_difference": first.score - second.score,
         "kernel_mus": first.kernel_mus,
-        "first_kernel_contributions": _rounded(first_kernels),
-        "second_kernel_contributions": _rounded(second_kernels),
-        "kernel_differences": _rounded(difference),
+        "first_kernel_contributions": rounded(first_kernels),
+        "second_kernel_contributions": rounded(second_kernels),
+        "kernel_differences": rounded(difference),
         "kernels_by_influence": [first.kernel_mus[k] for k in order],
-        "log_differences": _rounded(first.beta * (first.log_contributions - second.log_contributions)),
-        "len_differences": _rounded(first.gamma * (first.len_contributions - second.len_contributions)),
+        "log_differences": rounded(first.beta * (first.log_contributions - second.log_contributions)),
+        "len_differences": rounded(first.gamma * (first.len_contributions - second.len_contributions)),
     }
     if first.query_tokens == second.query_tokens:
         comparison["query_tokens"] = first.query_tokens
-        comparison["query_term_differences"] = _rounded(first.query_term_contributions
+        comparison["query_term_differences"] = rounded(first.query_term_contributions
                                                         - second.query_term_contributions)
     return comparison
 

@@ -3,15 +3,12 @@ that the figures, the JSON and the HTML page are all made from."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import torch
-
-    from ._kernels import KernelScores
+import torch
 
 
-def rounded(tensor: "torch.Tensor", digits: int = 6):
+def rounded(tensor: torch.Tensor, digits: int = 6):
     """A tensor as (nested) lists of floats rounded for JSON; a 0-d tensor as a float."""
     values = tensor.detach().double().cpu().numpy().round(digits)
     return float(values) if values.ndim == 0 else values.tolist()
@@ -37,7 +34,7 @@ class AttentionMap:
     title: str
     rows: list[str]
     columns: list[str]
-    weights: "torch.Tensor"
+    weights: torch.Tensor
     layer: int | None = None
     heads: list[int] | None = None
     split: int | None = None
@@ -45,6 +42,92 @@ class AttentionMap:
     def to_json(self) -> dict:
         return {"title": self.title, "layer": self.layer, "heads": self.heads if self.heads is not None else "mean",
                 "rows": self.rows, "columns": self.columns, "split": self.split, "weights": rounded(self.weights)}
+
+
+@dataclass
+class KernelScores:
+    """Why TK gave one document its score for one query (made by :func:`._kernels.tk_kernel_scores`).
+
+    Attributes:
+        query_tokens: the query terms that take part in matching (padding and OOV left out), rows below.
+        doc_tokens: the document terms that take part in matching, the columns of ``match_matrix``.
+        term_offsets: per document term its ``(start, end)`` characters in the text, or ``None`` when the
+            tokenizer cannot tell (word-level vocabularies).
+        read_chars: how many characters of the text the model read (the rest was cut at ``doc_max_length``), or
+            ``None`` when unknown.
+        kernel_mus: the kernel centres ``[K]``.
+        match_matrix: cosines ``[q, d]``.
+        query_kernel_mass: ``K_i^k`` (eq. 6) ``[q, K]``.
+        log_pooled, len_pooled: ``s^k_log`` (eq. 7, log base 2) and ``s^k_len`` (eq. 8) ``[K]``, unweighted.
+        log_contributions, len_contributions: the same with the learned scale and ``W_log``/``W_len`` applied
+            ``[K]`` (the paper's "model weights included" numbers); they sum to ``s_log``/``s_len``.
+        beta, gamma: the final weights: ``score = beta * s_log + gamma * s_len``.
+        query_term_contributions: each query term's share of the score ``[q]`` (sums to ``score``).
+    """
+
+    query_tokens: list[str]
+    doc_tokens: list[str]
+    term_offsets: list[tuple[int, int]] | None
+    read_chars: int | None
+    kernel_mus: list[float]
+    match_matrix: torch.Tensor
+    query_kernel_mass: torch.Tensor
+    log_pooled: torch.Tensor
+    len_pooled: torch.Tensor
+    log_contributions: torch.Tensor
+    len_contributions: torch.Tensor
+    beta: float
+    gamma: float
+    s_log: float
+    s_len: float
+    score: float
+    query_term_contributions: torch.Tensor
+
+    @property
+    def kernel_contributions(self) -> torch.Tensor:
+        """``[K]``: each kernel's share of the score, ``beta * log_k + gamma * len_k`` (sums to ``score``)."""
+        return self.beta * self.log_contributions + self.gamma * self.len_contributions
+
+    @property
+    def best_match(self) -> torch.Tensor:
+        """``[d]``: each document term's highest cosine with any query term (0 without query terms)."""
+        if not self.query_tokens:
+            return torch.zeros(len(self.doc_tokens))
+        return self.match_matrix.max(0).values
+
+    @property
+    def best_query_term(self) -> torch.Tensor:
+        """``[d]``: the index (in :attr:`query_tokens`) of each document term's best-matching query term."""
+        if not self.query_tokens:
+            return torch.zeros(len(self.doc_tokens), dtype=torch.long)
+        return self.match_matrix.argmax(0)
+
+    @property
+    def nearest_kernel(self) -> torch.Tensor:
+        """``[d]``: the index of the kernel whose centre is closest to each term's best match (Figure 3's colour)."""
+        mus = torch.tensor(self.kernel_mus)
+        return (self.best_match[:, None] - mus[None, :]).abs().argmin(1)
+
+    def to_json(self) -> dict:
+        return {
+            "score": self.score, "s_log": self.s_log, "s_len": self.s_len, "beta": self.beta, "gamma": self.gamma,
+            "kernel_mus": self.kernel_mus,
+            "query_tokens": self.query_tokens,
+            "doc_tokens": self.doc_tokens,
+            "term_offsets": self.term_offsets,
+            "read_chars": self.read_chars,
+            "query_kernel_mass": rounded(self.query_kernel_mass),
+            "log_pooled": rounded(self.log_pooled),
+            "len_pooled": rounded(self.len_pooled),
+            "log_contributions": rounded(self.log_contributions),
+            "len_contributions": rounded(self.len_contributions),
+            "kernel_contributions": rounded(self.kernel_contributions),
+            "query_term_contributions": rounded(self.query_term_contributions),
+            "best_match": rounded(self.best_match),
+            "best_query_term": self.best_query_term.tolist(),
+            "nearest_kernel_mu": [self.kernel_mus[index] for index in self.nearest_kernel.tolist()],
+            "match_matrix": rounded(self.match_matrix),
+        }
 
 
 @dataclass
@@ -68,7 +151,7 @@ class DocumentExplanation:
     bm25_rank: int | None = None
     bm25_score: float | None = None
     attention: list[AttentionMap] = field(default_factory=list)
-    kernels: "KernelScores | None" = None
+    kernels: KernelScores | None = None
 
 
 @dataclass

@@ -188,9 +188,12 @@ class Attention(nn.Module):
         return self.norm(x + self.dropout(self.output(self.merge_heads(context))))
 
     def attention_probs(self, x: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Post-softmax attention ``[B, h, q, L]`` (for explanations and attention-matching losses)."""
+        """Post-softmax attention ``[B, h, q, L]`` of ``x`` over projected ``keys`` ``[B, L, n]`` (or already split
+        into heads, ``[B, h, L, n/h]``): what the attention's fused kernel computes without handing it out (for
+        explanations and attention-matching losses)."""
         queries = self.split_heads(self.query(x))
-        logits = queries @ self.split_heads(keys).transpose(-1, -2) / math.sqrt(self.head_dim)
+        keys = keys if keys.dim() == 4 else self.split_heads(keys)
+        logits = queries @ keys.to(queries.dtype).transpose(-1, -2) / math.sqrt(self.head_dim)
         if mask is not None:
             logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
         return logits.softmax(-1)
@@ -228,7 +231,11 @@ class TransformerLayer(nn.Module):
         self.attention = Attention(dims)
         self.ffn = FeedForward(dims)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                attentions: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """The layer's output; with ``attentions`` (a list), its self-attention ``[B, h, L, L]`` is appended too."""
+        if attentions is not None:
+            attentions.append(self.attention.attention_probs(x, self.attention.key(x), mask))
         return self.ffn(self.attention(x, mask=mask))
 
 
@@ -248,14 +255,17 @@ class BertEncoder(nn.Module):
         token_type_ids: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         num_layers: int | None = None,
+        attentions: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """Hidden states ``[B, L, n]`` after the first ``num_layers`` layers (all by default)."""
+        """Hidden states ``[B, L, n]`` after the first ``num_layers`` layers (all by default); with ``attentions``
+        (a list), each layer's self-attention is appended to it."""
         x = self.embeddings(input_ids, token_type_ids, position_ids)
-        return self.run_layers(x, attention_mask_from_ids(attention_mask), 0, num_layers)
+        return self.run_layers(x, attention_mask_from_ids(attention_mask), 0, num_layers, attentions)
 
-    def run_layers(self, x: torch.Tensor, mask: torch.Tensor | None, start: int = 0, stop: int | None = None):
+    def run_layers(self, x: torch.Tensor, mask: torch.Tensor | None, start: int = 0, stop: int | None = None,
+                   attentions: list[torch.Tensor] | None = None) -> torch.Tensor:
         for layer in self.layers[start:stop]:
-            x = layer(x, mask)
+            x = layer(x, mask, attentions)
         return x
 
 

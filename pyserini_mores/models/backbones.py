@@ -36,8 +36,8 @@ def resolve_backbone(name_or_path: str | os.PathLike) -> str:
 
 
 def load_backbone(name_or_path: str | os.PathLike):
-    """``(BertDims, state_dict, tokenizer)`` of a BERT-architecture checkpoint, or of the encoder of one of our
-    trained cross-encoder or MaxSim checkpoints (see :func:`trained_ranker`).
+    """``(BertDims, state_dict, tokenizer)`` of a BERT-architecture checkpoint (a trained cross-encoder or MaxSim
+    of ours too: :func:`.loading.backbone_weights`).
 
     Raises:
         BackboneNotFoundError: when the name is not a directory and the hub cannot provide it (e.g. offline).
@@ -46,9 +46,6 @@ def load_backbone(name_or_path: str | os.PathLike):
 
     from ._layers import BertDims
 
-    ranker = trained_ranker(name_or_path)
-    if ranker is not None:
-        return ranker.config.encoder, ranker.encoder.state_dict(), ranker.tokenizer
     source = resolve_backbone(name_or_path)
     try:
         hf_config = AutoConfig.from_pretrained(source)
@@ -66,29 +63,3 @@ def load_backbone(name_or_path: str | os.PathLike):
             "only BERT-architecture checkpoints (BERT, MiniLM, ...) are supported"
         )
     return BertDims.from_hf_config(hf_config), model.state_dict(), tokenizer
-
-
-#: our trained model types whose BERT encoder is a backbone for the models that split BERT (MORES, PreTTR)
-ENCODER_RANKERS = ("cross-encoder", "maxsim")
-
-
-def trained_ranker(name_or_path: str | os.PathLike, model_types: tuple[str, ...] = ENCODER_RANKERS):
-    """The trained cross-encoder or MaxSim dual encoder saved at ``name_or_path`` (one of ``model_types``), or
-    ``None`` when it is not one.
-
-    A BERT already fine-tuned for ranking is a backbone like any other, and a far better start for the models that
-    split it (MORES, PreTTR) when training data is small: they begin from a ranker instead of a sentence encoder.
-    A MaxSim encoder's token states were trained to be matched by query tokens one by one, which is what MORES's
-    cross-attention reads from the sidecar (its projection, if any, is not part of the backbone).
-    """
-    import json
-
-    config_path = Path(name_or_path) / "config.json"
-    if not config_path.is_file():
-        return None
-    values = json.loads(config_path.read_text())
-    if values.get("model_type") not in model_types or "architectures" in values:
-        return None
-    from . import load_model
-
-    return load_model(values["model_type"], name_or_path)

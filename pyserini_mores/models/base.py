@@ -4,6 +4,12 @@ A model splits scoring into an offline part (``encode_documents``: what the side
 part (``encode_query``) and an online per-candidate part (``score``). ``forward`` is the training path that encodes
 both sides in-graph; tests prove ``forward(q, d) == score(encode_query(q), encode_documents(d))``.
 
+A model class also declares everything else the package asks of it — how it trains (:attr:`RankingModel.default_loss`,
+:attr:`~RankingModel.trainable_module_groups`, :attr:`~RankingModel.new_parameters`), how it scores under bf16
+(:attr:`~RankingModel.fp32_parameters`), what the benchmark measures (:meth:`~RankingModel.flops`,
+:meth:`~RankingModel.benchmark_variants`) and what an explanation shows (:attr:`~RankingModel.explanation`) — so a
+new model is one module plus one line in :mod:`.registry`.
+
 A checkpoint is a directory: ``config.json`` (with ``model_type``), ``model.safetensors`` and the tokenizer files.
 """
 from __future__ import annotations
@@ -14,18 +20,23 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Iterable
+from typing import Any, Callable, ClassVar, Iterable
 
 import torch
 from torch import nn
 
 from ._layers import BertDims
+from .flops import FlopCount
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
 #: Either holds the vocabulary; save_pretrained writes tokenizer.json (transformers 5) or both (transformers 4).
 TOKENIZER_VOCAB_NAMES = ("tokenizer.json", "vocab.txt")
+#: the seed new parameters (heads, compressors, TK's contextualiser) are drawn from when a model is built from a
+#: backbone: the same backbone and config give the same model — and so the same fingerprint and sidecar — in every
+#: process (see :meth:`RankingModel.initialised`)
+INIT_SEED = 0
 
 
 @dataclass
@@ -61,12 +72,38 @@ class RankingModel(nn.Module):
 
     model_type: ClassVar[str]
     config_class: ClassVar[type[RankingConfig]] = RankingConfig
+
+    # ---- how it trains ------------------------------------------------------------------------------------------
+    #: the loss training uses unless told otherwise (the model's paper's; see :mod:`pyserini_mores.train.objectives`)
+    default_loss: ClassVar[str] = "pointwise"
+    #: module groups that can train alone (``--train-modules NAME``): name → parameter-name prefixes
+    trainable_module_groups: ClassVar[dict[str, tuple[str, ...]]] = {}
+    #: parameter-name prefixes of the layers the model adds to its backbone (score heads): ``--head-lr`` is theirs
+    new_parameters: ClassVar[tuple[str, ...]] = ()
+    #: its encoder can start from a trained cross-encoder's or MaxSim's (``--init`` such a checkpoint)
+    starts_from_rankers: ClassVar[bool] = False
+    #: a trained checkpoint of it is a BERT backbone (its ``encoder``) for the models that start from rankers
+    encoder_is_a_backbone: ClassVar[bool] = False
+
+    # ---- how it scores under bf16 -------------------------------------------------------------------------------
     #: name prefixes of parameters used in fp32 on purpose, with autocast disabled: a bf16 scoring copy keeps them
     #: fp32, or those steps would meet bf16 weights
     fp32_parameters: ClassVar[tuple[str, ...]] = ()
     #: under bf16, a reranker scores with a copy of the weights cast to bf16 once (``True``) or with autocast alone
     #: (``False``): the copy's residual stream stays bf16 between layers, which some models' rankings feel
     bf16_weight_copy: ClassVar[bool] = True
+
+    # ---- what the benchmark and explanations need -----------------------------------------------------------------
+    #: it reads query and document as one sequence ``[CLS] q [SEP] d [SEP]``: the document without its own [CLS],
+    #: both within the encoder's positions
+    joint_input: ClassVar[bool] = False
+    #: special tokens its tokenizer puts around a document's words ([CLS] and [SEP])
+    document_special_tokens: ClassVar[int] = 2
+    #: its stored rows are unit vectors
+    stores_unit_vectors: ClassVar[bool] = False
+    #: what :mod:`pyserini_mores.explain` shows of it: ``"attention"`` (:meth:`attention_maps`), ``"kernels"``
+    #: (TK's ``explain``) or ``None`` (nothing)
+    explanation: ClassVar[str | None] = None
 
     def __init__(self, config: RankingConfig, tokenizer):
         super().__init__()
@@ -141,10 +178,63 @@ class RankingModel(nn.Module):
         """Training path: ``[B]`` scores of aligned (query, document) pairs, both encoded in-graph."""
         raise NotImplementedError
 
+    def forward_logits(self, query_batch: QueryBatch, doc_batch: DocBatch) -> torch.Tensor:
+        """What the pointwise loss takes: ``[B, num_labels]`` head logits for a model with a classification head
+        (2-class CE), the ``[B]`` ranking scores of :meth:`forward` otherwise (binary CE)."""
+        return self(query_batch, doc_batch)
+
+    def score_logits(self, query_state: Any, docs: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward_logits` of stored documents: what the pointwise loss takes when training against a
+        sidecar (:meth:`score` by default)."""
+        return self.score(query_state, docs, lengths)
+
     def score_texts(self, query: str, documents: list[str]) -> torch.Tensor:
         """``[len(documents)]`` scores of one query against document texts (the path for text-only models)."""
         query_batch = self.tokenize_queries([query] * len(documents))
         return self(query_batch, self.tokenize_documents(documents))
+
+    # ---- training ---------------------------------------------------------------------------------------------------
+    def optimizer_groups(self, lr: float, head_lr: float | None = None) -> list[dict]:
+        """Optimiser parameter groups of the trainable parameters: everything at ``lr``, except that with
+        ``head_lr`` the :attr:`new_parameters` form a group of their own at ``head_lr``."""
+        prefixes = self.new_parameters
+        body, head = [], []
+        for name, parameter in self.named_parameters():
+            if parameter.requires_grad:
+                (head if head_lr is not None and prefixes and name.startswith(prefixes) else body).append(parameter)
+        return [{"params": body, "lr": lr}, {"params": head, "lr": head_lr}]
+
+    # ---- the benchmark ------------------------------------------------------------------------------------------
+    def flops(self, query_tokens: int, doc_tokens: int) -> FlopCount:
+        """The analytic online FLOPs (:mod:`.flops`) of scoring one query of ``query_tokens`` tokens (specials
+        included) against candidates of ``doc_tokens`` tokens as the model reads them: ``[CLS] d [SEP]``, or
+        ``d [SEP]`` for a :attr:`joint_input` model, or the bare words for a tokenizer without special tokens."""
+        raise NotImplementedError(f"{type(self).__name__} has no FLOP count")
+
+    @classmethod
+    def benchmark_variants(cls, num_layers: int, compression_dim: int) -> list[tuple[str, dict]]:
+        """The settings the benchmark measures on an encoder of ``num_layers`` layers, as ``(name, config
+        overrides)``; ``compression_dim`` is the backbone's width for compressed stores. None: not benchmarked."""
+        return []
+
+    @classmethod
+    def benchmark_skip_reason(cls, options: dict, num_layers: int) -> str | None:
+        """Why the variant with config ``options`` cannot be built on ``num_layers`` layers, or ``None``."""
+        return None
+
+    @classmethod
+    def random_config(cls, dims: BertDims, tokenizer, **fields) -> RankingConfig:
+        """The config of a new model with random weights at BERT shape ``dims`` on ``tokenizer`` (the benchmark's
+        random-weight backbones); ``fields`` are further config values."""
+        return cls.config_class(encoder=dims, **fields)
+
+    # ---- explanations -------------------------------------------------------------------------------------------
+    def attention_maps(self, query_batch: QueryBatch, *, docs: torch.Tensor | None = None,
+                       lengths: torch.Tensor | None = None, doc_batch: DocBatch | None = None,
+                       layer: int | None = None) -> Any:
+        """The attention behind the scores of one query (:attr:`explanation` ``"attention"``), computed by the
+        model's own layers: from stored documents ``docs``/``lengths`` or from their text ``doc_batch``."""
+        raise NotImplementedError(f"{type(self).__name__} shows no attention maps")
 
     # ---- checkpoints ------------------------------------------------------------------------------------------------
     def save_pretrained(self, directory: str | os.PathLike) -> None:
@@ -177,16 +267,30 @@ class RankingModel(nn.Module):
         return model
 
     @classmethod
-    def from_delta(cls, directory: str | os.PathLike, **overrides) -> "RankingModel":
-        """Load a delta checkpoint (the tensors training changed, over the backbone; see :mod:`.delta`)."""
-        from .delta import load_delta
-
-        return load_delta(cls, directory, **overrides)
+    def load_overridden(cls, directory: str | os.PathLike, stored: dict, overrides: dict,
+                        load: Callable[..., "RankingModel"]) -> "RankingModel":
+        """``load(**overrides)``: how the model stored in ``directory`` (config ``stored``) loads with config
+        ``overrides``. A model whose stored weights cannot take some override as they are loads them as stored and
+        converts (MORES: untying shared layers)."""
+        return load(**overrides)
 
     @classmethod
     def from_backbone(cls, backbone: str, **config_overrides) -> "RankingModel":
         """A new model initialised from a pretrained BERT-family checkpoint (hub name, local dir or ``minilm``)."""
         raise NotImplementedError
+
+    @classmethod
+    def initialised(cls, backbone: str | os.PathLike, **config_overrides) -> "RankingModel":
+        """:meth:`from_backbone` with its new parameters drawn from :data:`INIT_SEED` (the global random state is left
+        as it was): how :func:`~.loading.load_model` builds a model, and how a delta checkpoint is rebuilt."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(INIT_SEED)
+            return cls.from_backbone(str(backbone), **config_overrides)
+
+    @property
+    def ranking_head(self) -> nn.Linear | None:
+        """The score head on a [CLS] row, which a trained cross-encoder's head can initialise, or ``None``."""
+        return None
 
 
 def read_checkpoint_config(directory: str | os.PathLike) -> dict:

@@ -3,18 +3,20 @@
 A model trained with frozen embeddings (``train --freeze-embeddings``) shares half its weights with the
 pip-installed backbone; TK shares its whole embedding table. Storing the rest — in float16 by default — is what lets
 the package ship trained models for its embedded default in a few MB. Loading rebuilds the model from the backbone
-exactly as training started it (same seed, :data:`pyserini_mores.models.INIT_SEED`) and overwrites the stored
+exactly as training started it (:meth:`~.base.RankingModel.initialised`, same seed) and overwrites the stored
 tensors, so a delta loads to the same weights in every process (and so finds the same sidecar).
 
 Layout: ``config.json`` (the model's, plus ``"delta"``: dtype and the number of tensors) and ``delta.safetensors``.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from .base import CONFIG_NAME, RankingModel
 
@@ -35,9 +37,7 @@ def save_delta(model: RankingModel, directory: str | os.PathLike, dtype: torch.d
     Raises:
         ValueError: the model has no ``config.backbone`` to be rebuilt from.
     """
-    from safetensors.torch import save_file
-
-    reference = rebuild_from_backbone(type(model).model_type, model.config.to_dict())
+    reference = rebuild_from_backbone(type(model), model.config.to_dict())
     reference_state = reference.state_dict()
     changed, seen = {}, set()
     total = 0
@@ -66,14 +66,17 @@ def load_delta(model_cls: type[RankingModel], directory: str | os.PathLike, **ov
     Raises:
         ValueError: the delta does not fit the rebuilt model (another backbone, a changed config).
     """
-    from safetensors.torch import load_file
-
     directory = Path(directory)
     values = json.loads((directory / CONFIG_NAME).read_text())
     values.pop("delta", None)
     if values.get("model_type") != model_cls.model_type:
         raise ValueError(f"{directory} holds a '{values.get('model_type')}' model, not '{model_cls.model_type}'")
-    model = rebuild_from_backbone(model_cls.model_type, {**values, **overrides})
+    return model_cls.load_overridden(directory, values, overrides,
+                                     lambda **given: _apply_delta(model_cls, directory, values, given))
+
+
+def _apply_delta(model_cls: type[RankingModel], directory: Path, values: dict, overrides: dict) -> RankingModel:
+    model = rebuild_from_backbone(model_cls, {**values, **overrides})
     state = model.state_dict()
     with torch.no_grad():
         for name, tensor in load_file(str(directory / DELTA_WEIGHTS_NAME)).items():
@@ -85,20 +88,16 @@ def load_delta(model_cls: type[RankingModel], directory: str | os.PathLike, **ov
     return model.eval()
 
 
-def rebuild_from_backbone(model_type: str, config: dict) -> RankingModel:
-    """The model ``model_type`` as :func:`pyserini_mores.models.load_model` initialises it from ``config['backbone']``
-    with ``config``'s other fields; its config must come out equal to ``config``."""
-    import dataclasses
-
-    from . import load_model, model_class
-
+def rebuild_from_backbone(model_cls: type[RankingModel], config: dict) -> RankingModel:
+    """The model as :meth:`~.base.RankingModel.initialised` builds it from ``config['backbone']`` with
+    ``config``'s other fields; its config must come out equal to ``config``."""
     backbone = config.get("backbone")
     if not backbone:
         raise ValueError("the model records no backbone to rebuild it from; save it with save_pretrained instead")
-    fields = {item.name for item in dataclasses.fields(model_class(model_type).config_class)}  # not derived values
+    fields = {item.name for item in dataclasses.fields(model_cls.config_class)}  # not derived values
     overrides = {key: value for key, value in config.items()
                  if key in fields and key not in BACKBONE_DERIVED_FIELDS}
-    model = load_model(model_type, backbone, **overrides)
+    model = model_cls.initialised(backbone, **overrides)
     rebuilt = {key: value for key, value in model.config.to_dict().items() if key in config}
     wanted = {key: value for key, value in config.items() if key in rebuilt}
     if json.dumps(rebuilt, sort_keys=True) != json.dumps(wanted, sort_keys=True):

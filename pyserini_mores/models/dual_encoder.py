@@ -13,8 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._layers import BertEncoder, key_padding_mask, load_bert_weights
-from .backbones import DEFAULT_BACKBONE, load_backbone
+from .backbones import DEFAULT_BACKBONE
 from .base import RankingConfig, RankingModel
+from .loading import backbone_weights
 
 
 @dataclass
@@ -26,6 +27,8 @@ class DualEncoderConfig(RankingConfig):
 class DualEncoder(RankingModel):
     model_type = "maxsim"
     config_class = DualEncoderConfig
+    default_loss = "listwise"  # trained like PreTTR
+    encoder_is_a_backbone = True
 
     def __init__(self, config: DualEncoderConfig, tokenizer):
         super().__init__(config, tokenizer)
@@ -35,7 +38,7 @@ class DualEncoder(RankingModel):
 
     @classmethod
     def from_backbone(cls, backbone: str = DEFAULT_BACKBONE, **config_overrides) -> "DualEncoder":
-        dims, state_dict, tokenizer = load_backbone(backbone)
+        dims, state_dict, tokenizer = backbone_weights(backbone)
         config = DualEncoderConfig(encoder=dims, backbone=str(backbone), **config_overrides)
         model = cls(config, tokenizer)
         load_bert_weights(model.encoder, state_dict)

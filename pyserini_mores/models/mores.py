@@ -2,7 +2,7 @@
 the sidecar), a Query Representation Module (once per query) and K Interaction Blocks (per candidate), where only
 query states are updated and document states are fixed.
 
-Module by module (SEEDS-SPEC §1.1, §2.1; A4–A13)::
+Module by module::
 
     D = document_module([CLS] d [SEP])                  full BERT encoder, positions from 0, segment 0   [d, n]
     Q = query_module([CLS] q [SEP])                     own embeddings + the doc encoder's first L−K layers [q, n]
@@ -20,7 +20,7 @@ What the sidecar stores (``reuse``; scores are identical either way):
   survives fine-tuning of the interaction blocks.
 * ``s2`` (default) — Reuse-S2: every block's keys and values of ``D`` (biases included, heads not split),
   ``[K₁‖V₁‖…‖K_K‖V_K]`` on the feature axis; ``store_width = 2·K·n``. Online work is query-side only. (The paper's
-  Table 4 storage numbers are 4K·|D|; its text and the maths are 2K·|D| — SEEDS-SPEC A5.) Stored token-major;
+  Table 4 storage numbers are 4K·|D|; its text and the maths are 2K·|D|.) Stored token-major;
   batches may be gathered head-major (``s2_reads``, :attr:`MoresModel.stored_heads`) so attention reads each head's
   keys contiguously.
 
@@ -40,10 +40,9 @@ import json
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ._cls_only import TokenBlock, cls_only_attention, compute_dtype
@@ -61,9 +60,11 @@ from ._layers import (
     load_bert_weights,
     score_head,
 )
-from .backbones import DEFAULT_BACKBONE, load_backbone
+from .backbones import DEFAULT_BACKBONE
 from .base import (CONFIG_NAME, WEIGHTS_NAME, RankingConfig, RankingModel, check_tokenizer_files,
                    read_checkpoint_config)
+from .flops import EncoderShape, FlopCount, Term, attention, bert_layer, cls_only_layer, linear
+from .loading import backbone_weights, copy_ranker_head
 from .losses import ranking_scores
 
 POOLINGS = ("cls", "avg")
@@ -86,7 +87,7 @@ class MoresConfig(RankingConfig):
         n_interaction_blocks: K, the number of Interaction Blocks (paper: 1–4; 2 recommended). The query module
             gets the first ``n_query_layers = L − K`` layers; needs ``1 ≤ K < L``.
         tied: the query module's layers are the *same modules* as the document module's first L−K layers
-            (MORES code, EARL "Tied", SEEDS-SPEC A4). ``False``: separate copies. The query embeddings are always
+            (the MORES code; EARL's "Tied"). ``False``: separate copies. The query embeddings are always
             a separate copy.
         pooling: ``"cls"`` — the query's [CLS] row of the last block (MORES, EARL ClsPool); ``"avg"`` — the mean
             over real query tokens incl. [CLS]/[SEP] (EARL AvePool, A7).
@@ -130,7 +131,7 @@ class MoresConfig(RankingConfig):
 
     @property
     def n_query_layers(self) -> int:
-        """``L − K``: the layers of the query module (SEEDS-SPEC A13)."""
+        """``L − K``: the layers of the query module."""
         return self.encoder.num_hidden_layers - self.n_interaction_blocks
 
     def to_dict(self) -> dict:
@@ -173,6 +174,30 @@ class MoresQueryState:
     first_block_queries: torch.Tensor
 
 
+@dataclass
+class MoresAttention:
+    """Attention inside one MORES query against a batch of documents (paper Figure 2), from
+    :meth:`MoresModel.attention_maps`. Every map is padded ``[B, h, rows, keys]`` post-softmax attention: each row
+    sums to 1 over the real keys, padded keys get exactly 0.
+
+    Attributes:
+        query: ``[1, h, q, q]`` query self-attention in the last query-module layer (``query_layer``, 1-based).
+        cross: per interaction block, the query→document cross-attention ``[B, h, q, d]``.
+        document: ``[B, h, d, d]`` document self-attention in document-module layer ``document_layer`` (1-based),
+            or ``None`` when no document text was given.
+        query_mask: ``[q]`` True at real query tokens.
+        doc_mask: ``[B, d]`` True at real document tokens.
+    """
+
+    query: torch.Tensor
+    query_layer: int
+    cross: list[torch.Tensor]
+    document: torch.Tensor | None
+    document_layer: int | None
+    query_mask: torch.Tensor
+    doc_mask: torch.Tensor
+
+
 class QueryRepresentationModule(nn.Module):
     """Own embeddings + ``L − K`` BERT layers (shared with the document module when tied)."""
 
@@ -182,12 +207,14 @@ class QueryRepresentationModule(nn.Module):
         self.layers = layers
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """``[B, q, n]`` query states of ``[CLS] q [SEP]`` (positions from 0)."""
+                token_type_ids: torch.Tensor | None = None,
+                attentions: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """``[B, q, n]`` query states of ``[CLS] q [SEP]`` (positions from 0); with ``attentions`` (a list), each
+        layer's self-attention is appended to it."""
         x = self.embeddings(input_ids, token_type_ids)
         mask = attention_mask_from_ids(attention_mask)
         for layer in self.layers:
-            x = layer(x, mask)
+            x = layer(x, mask, attentions)
         return x
 
 
@@ -273,6 +300,15 @@ class MoresModel(RankingModel):
 
     model_type = "mores"
     config_class = MoresConfig
+    default_loss = "pointwise"  # the MORES code's 2-class cross-entropy
+    #: the paper's domain adaptation: adapt-interaction and adapt-representation (``--train-modules``)
+    trainable_module_groups = {
+        "interaction": ("interaction_module.",),
+        "representation": ("document_module.", "query_module."),
+    }
+    new_parameters = ("interaction_module.head.",)
+    starts_from_rankers = True
+    explanation = "attention"
     # bf16 scores with autocast alone: the bf16 weight copy keeps the query rows' residual stream in bf16 through
     # L-K layers and K blocks. Trained debian MORES 2xIB, 1,000 dev queries x BM25 top 30 through the search CLI,
     # MRR@10 (issue 9): fp32 0.5407; autocast 0.5404, weight copy 0.5380 (both with the fp32 score head). Side by
@@ -306,15 +342,16 @@ class MoresModel(RankingModel):
         Document module = the whole encoder. Query module = its embeddings (a copy) + layers ``0 … L−K−1`` (the
         document module's own layers when tied, equal copies otherwise). Block ``i`` (0-based): self-attention and
         FFN copy layer ``L−K+i``; its cross-attention copies that layer's self-attention (Q, K, V, O, LayerNorm)
-        unless ``ib_init='random'``. The head is new (random).
+        unless ``ib_init='random'``. The head is new (random), or a trained cross-encoder's when the backbone is one.
 
         Raises:
             ValueError: when the backbone does not have more layers than ``n_interaction_blocks``.
         """
-        dims, state_dict, tokenizer = load_backbone(backbone)
+        dims, state_dict, tokenizer = backbone_weights(backbone)
         config = MoresConfig(encoder=dims, backbone=str(backbone), **config_overrides)
         model = cls(config, tokenizer)
         model.load_bert_weights(state_dict)
+        copy_ranker_head(model.ranking_head, backbone, cls.model_type)
         return model.eval()
 
     def load_bert_weights(self, hf_state_dict: dict[str, torch.Tensor]) -> None:
@@ -397,9 +434,10 @@ class MoresModel(RankingModel):
         lengths = doc_batch["attention_mask"].sum(1).tolist()
         return [hidden[i, :length] for i, length in enumerate(lengths)]
 
-    def encode_query(self, query_batch: dict) -> MoresQueryState:
-        """Online, once per query (batch 1): Q and the first block's cross-attention query projection."""
-        hidden = self._encode_query_batch(query_batch)
+    def encode_query(self, query_batch: dict, attentions: list[torch.Tensor] | None = None) -> MoresQueryState:
+        """Online, once per query (batch 1): Q and the first block's cross-attention query projection; with
+        ``attentions`` (a list), each query-module layer's self-attention is appended to it."""
+        hidden = self._encode_query_batch(query_batch, attentions)
         first = self.interaction_module.blocks[0].cross_attention
         return MoresQueryState(
             hidden=hidden,
@@ -415,8 +453,10 @@ class MoresModel(RankingModel):
         broadcast, and each projection is one batched GEMM."""
         return ranking_scores(self.score_logits(query_state, docs, lengths)).float()
 
-    def score_logits(self, query_state: MoresQueryState, docs: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """``[B, num_labels]`` head logits behind :meth:`score`."""
+    def score_logits(self, query_state: MoresQueryState, docs: torch.Tensor, lengths: torch.Tensor,
+                     attentions: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """``[B, num_labels]`` head logits behind :meth:`score`; with ``attentions`` (a list), each interaction
+        block's cross-attention ``[B, h, q, d]`` is appended to it."""
         head_major = docs.dim() == 4
         width = docs.shape[1] * docs.shape[3] if head_major else docs.shape[-1]
         if width != self.store_width or (head_major and docs.shape[1] != self.stored_heads):
@@ -448,7 +488,7 @@ class MoresModel(RankingModel):
                 return docs[..., start:start + hidden], docs[..., start + hidden:start + 2 * hidden]
 
         return self._interact(query_state.hidden, query_state.mask, keys_values, doc_mask,
-                              query_state.first_block_queries)
+                              query_state.first_block_queries, attentions)
 
     # ---- training and text paths ----------------------------------------------------------------------------
     def forward(self, query_batch: dict, doc_batch: dict) -> torch.Tensor:
@@ -480,6 +520,78 @@ class MoresModel(RankingModel):
                                     state.first_block_queries)
             scores.append(ranking_scores(logits).float())
         return torch.cat(scores) if scores else torch.empty(0)
+
+    # ---- explanations, the benchmark -------------------------------------------------------------------------
+    @torch.no_grad()
+    def attention_maps(self, query_batch: dict, *, docs: torch.Tensor | None = None,
+                       lengths: torch.Tensor | None = None, doc_batch: dict | None = None,
+                       layer: int | None = None) -> MoresAttention:
+        """The attention behind the scores of one query (paper Figure 2), taken from the modules as they score.
+
+        The cross-attention keys come from the stored documents when ``docs``/``lengths`` are given (a sidecar batch
+        as :meth:`score` takes it, so no document is re-encoded for them); the document-module self-attention needs
+        the text: ``doc_batch`` (:meth:`tokenize_documents`), run up to ``layer`` (1-based, default: the last) when
+        documents are stored, through the whole module (to get ``D``) otherwise.
+        """
+        if docs is None and doc_batch is None:
+            raise ValueError("MORES attention maps need stored documents (docs, lengths) or their text (doc_batch)")
+        num_layers = self.config.encoder.num_hidden_layers
+        layer = num_layers if layer is None else int(layer)
+        if not 1 <= layer <= num_layers:
+            raise ValueError(f"the document module has layers 1..{num_layers}; got layer {layer}")
+        device = self.query_module.embeddings.norm.weight.device
+        query_batch = {key: value.to(device) for key, value in query_batch.items()}
+        if query_batch["input_ids"].shape[0] != 1:
+            raise ValueError("explain one query at a time")
+        query_maps, document_maps, cross = [], [], []
+        state = self.encode_query(query_batch, query_maps)
+        if doc_batch is not None:
+            doc_batch = {key: value.to(device) for key, value in doc_batch.items()}
+            # [CLS] d [SEP], positions from 0, segment 0, as _encode_document_batch
+            encoded = self.document_module(doc_batch["input_ids"], doc_batch["attention_mask"],
+                                           num_layers=None if docs is None else layer, attentions=document_maps)
+        if docs is not None:
+            if lengths is None:
+                raise ValueError("stored documents need their lengths")
+            self.score_logits(state, docs, lengths, attentions=cross)
+            doc_mask = key_padding_mask(lengths.to(device), docs.shape[-2])
+        else:
+            doc_mask = attention_mask_from_ids(doc_batch["attention_mask"])
+            self._interact(state.hidden, state.mask, self._project_documents(encoded, doc_mask), doc_mask,
+                           state.first_block_queries, cross)
+        return MoresAttention(
+            query=query_maps[-1], query_layer=len(query_maps), cross=cross,
+            document=document_maps[layer - 1] if document_maps else None,
+            document_layer=layer if document_maps else None,
+            query_mask=query_batch["attention_mask"][0].bool(), doc_mask=doc_mask[:, 0, 0, :],
+        )
+
+    def flops(self, query_tokens: int, doc_tokens: int) -> FlopCount:
+        """:func:`mores_flops` of this configuration; ``doc_tokens`` counts ``[CLS] d [SEP]``."""
+        config = self.config
+        return mores_flops(EncoderShape.from_dims(config.encoder), query_tokens, doc_tokens,
+                           config.n_interaction_blocks, config.reuse, config.num_labels,
+                           every_row=config.pooling != "cls")
+
+    @classmethod
+    def benchmark_variants(cls, num_layers: int, compression_dim: int) -> list[tuple[str, dict]]:
+        """1 and 2 interaction blocks, Reuse-S1 and Reuse-S2, and Reuse-S2 read as stored and head-major beside
+        the default (``s2_reads='auto'`` picks one by head width)."""
+        variants = []
+        for blocks in (1, 2):
+            for reuse in REUSES:
+                variants.append((f"{blocks}xIB-{reuse}", {"n_interaction_blocks": blocks, "reuse": reuse}))
+            for reads in ("tokens", "heads"):
+                variants.append((f"{blocks}xIB-s2-{reads}",
+                                 {"n_interaction_blocks": blocks, "reuse": "s2", "s2_reads": reads}))
+        return variants
+
+    @classmethod
+    def benchmark_skip_reason(cls, options: dict, num_layers: int) -> str | None:
+        blocks = options.get("n_interaction_blocks", MoresConfig.n_interaction_blocks)
+        if blocks >= num_layers:
+            return f"MORES with {blocks} interaction blocks needs more than {num_layers} layers"
+        return None
 
     # ---- separate module storage --------------------------------------------------------------------------
     def save_modules(self, directory: str | os.PathLike) -> None:
@@ -551,25 +663,23 @@ class MoresModel(RankingModel):
         directory = Path(directory)
         if not (directory / WEIGHTS_NAME).is_file() and (directory / MODULE_NAMES[0]).is_dir():
             return cls.from_modules(directory, **overrides)
-        stored_tied = read_checkpoint_config(directory).get("tied", True)
-        return cls._untie_on_load(directory, stored_tied, overrides, super().from_pretrained)
+        load = super().from_pretrained
+        return cls.load_overridden(directory, read_checkpoint_config(directory), overrides,
+                                   lambda **given: load(directory, **given))
 
     @classmethod
-    def from_delta(cls, directory: str | os.PathLike, **overrides) -> "MoresModel":
-        stored_tied = json.loads((Path(directory) / CONFIG_NAME).read_text()).get("tied", True)
-        return cls._untie_on_load(directory, stored_tied, overrides, super().from_delta)
-
-    @staticmethod
-    def _untie_on_load(directory, stored_tied: bool, overrides: dict, load) -> "MoresModel":
-        """``load(directory, **overrides)``, except that ``tied=False`` over a tied checkpoint loads it tied and then
-        unties it: its shared layers are stored once, under one module's names, and both modules need them."""
+    def load_overridden(cls, directory: str | os.PathLike, stored: dict, overrides: dict,
+                        load: Callable[..., RankingModel]) -> "MoresModel":
+        """``load(**overrides)``, except that ``tied=False`` over a tied checkpoint loads it tied and then unties
+        it: its shared layers are stored once, under one module's names, and both modules need them."""
+        stored_tied = stored.get("tied", True)
         if "tied" in overrides and bool(overrides["tied"]) != stored_tied:
             if not stored_tied:
                 raise ValueError(f"{directory} holds a MORES whose query module has its own layers; tying them to "
                                  "the document module's would drop them (leave tied as stored)")
             # e.g. a tied checkpoint as --init of a recipe with tied=false: the query module starts as copies
-            return load(directory, **{**overrides, "tied": True}).untied()
-        return load(directory, **overrides)
+            return load(**{**overrides, "tied": True}).untied()
+        return load(**overrides)
 
     def untied(self) -> "MoresModel":
         """This model with the query module's layers as copies of the shared ones (scores unchanged), so that they
@@ -599,8 +709,8 @@ class MoresModel(RankingModel):
         # [CLS] d [SEP], positions from 0, segment 0 (A6): token types are not taken from the batch on purpose.
         return self.document_module(doc_batch["input_ids"], doc_batch["attention_mask"])
 
-    def _encode_query_batch(self, query_batch: dict) -> torch.Tensor:
-        return self.query_module(query_batch["input_ids"], query_batch["attention_mask"])
+    def _encode_query_batch(self, query_batch: dict, attentions: list[torch.Tensor] | None = None) -> torch.Tensor:
+        return self.query_module(query_batch["input_ids"], query_batch["attention_mask"], attentions=attentions)
 
     def _project_documents(self, docs: torch.Tensor, doc_mask: torch.Tensor):
         """Reuse-S1 keys/values: block ``i``'s projections of ``D [B, d, n]``, computed when the block needs them.
@@ -625,15 +735,19 @@ class MoresModel(RankingModel):
         return keys_values
 
     def _interact(self, query: torch.Tensor, query_mask: torch.Tensor, keys_values, doc_mask: torch.Tensor,
-                  first_block_queries: torch.Tensor | None = None) -> torch.Tensor:
+                  first_block_queries: torch.Tensor | None = None,
+                  attentions: list[torch.Tensor] | None = None) -> torch.Tensor:
         """Run the K blocks on ``query [1|B, q, n]`` against block-wise ``keys_values(i) → ([B, d, n], [B, d, n])``
-        and pool into ``[B, num_labels]`` logits."""
+        (or split into heads) and pool into ``[B, num_labels]`` logits; with ``attentions`` (a list), each block's
+        cross-attention ``[B, h, q, d]`` is appended to it."""
         x = query
         blocks = self.interaction_module.blocks
         cls_pooling = self.config.pooling == "cls"
         for index, block in enumerate(blocks):
             keys, values = keys_values(index)
             cross_queries = first_block_queries if index == 0 else None
+            if attentions is not None:
+                attentions.append(block.cross_attention.attention_probs(x, keys, doc_mask))
             if cls_pooling and index == len(blocks) - 1:
                 # Only the [CLS] row leaves the last block: after its cross-attention (every row, as keys and
                 # values of the self-attention) the self-attention and FFN run for that one row — exact, and it
@@ -646,6 +760,46 @@ class MoresModel(RankingModel):
         weights = query_mask[:, 0, 0, :].to(x.dtype)  # mean pooling over the real query rows [1|B, q]
         pooled = (x * weights[..., None]).sum(1) / weights.sum(1, keepdim=True)
         return score_head(self.interaction_module.head, pooled)
+
+
+def mores_flops(shape: EncoderShape, query_tokens: int, doc_tokens: int, interaction_blocks: int, reuse: str,
+                num_labels: int = 2, every_row: bool = False) -> FlopCount:
+    """MORES's online FLOPs: the query module once, then ``K`` interaction blocks per candidate.
+    ``doc_tokens`` = ``[CLS] d [SEP]``.
+
+    Query: ``(L−K)·layer(q) + 2·q·n²`` (query module + block 1's cross-attention query projection, shared).
+    Per candidate and block: cross-attention ``4·q·d·n + 2·q·n²`` (+ ``2·q·n²`` query projection for blocks ≥ 2),
+    self-attention ``8·q·n² + 4·q²·n``, FFN ``4·q·n·f`` — except in the last block with [CLS] pooling, where the
+    self-attention and FFN are ``cls_layer(q)``; Reuse-S1 adds the document keys/values ``4·d·n²``; head ``4n``.
+    ``every_row=False`` counts what the code runs with [CLS] pooling; ``True`` the paper's count, every row of every
+    block (mean pooling runs it too). Notation in :mod:`.flops`.
+    """
+    if reuse not in REUSES:
+        raise ValueError(f"reuse must be s1 or s2, not {reuse!r}")
+    n, f, q, d = shape.hidden, shape.ffn, query_tokens, doc_tokens
+    terms = [
+        Term("query_module", (shape.layers - interaction_blocks) * bert_layer(q, shape), "query"),
+        Term("block1_cross_query_projection", linear(q, n, n), "query"),
+    ]
+    for block in range(1, interaction_blocks + 1):
+        prefix = f"block{block}_"
+        if reuse == "s1":
+            terms.append(Term(prefix + "doc_key_value_projection", 2 * linear(d, n, n)))
+        if block > 1:
+            terms.append(Term(prefix + "cross_query_projection", linear(q, n, n)))
+        terms += [
+            Term(prefix + "cross_attention", attention(q, d, n)),
+            Term(prefix + "cross_output", linear(q, n, n)),
+        ]
+        if block == interaction_blocks and not every_row:
+            terms.append(Term(prefix + "self_attention_ffn_cls", cls_only_layer(q, shape)))
+        else:
+            terms += [
+                Term(prefix + "self_attention", linear(q, n, 3 * n) + attention(q, q, n) + linear(q, n, n)),
+                Term(prefix + "ffn", linear(q, n, f) + linear(q, f, n)),
+            ]
+    terms.append(Term("head", linear(1, n, num_labels)))
+    return FlopCount(tuple(terms))
 
 
 def _sub_state(state: dict[str, torch.Tensor], prefix: str, strict: bool = False) -> dict[str, torch.Tensor]:
@@ -673,5 +827,5 @@ def _init_bert_weights(module: nn.Module) -> None:
         nn.init.zeros_(module.bias)
 
 
-__all__ = ["MoresConfig", "MoresModel", "MoresQueryState", "InteractionBlock", "InteractionModule",
-           "QueryRepresentationModule"]
+__all__ = ["MoresConfig", "MoresModel", "MoresQueryState", "MoresAttention", "InteractionBlock", "InteractionModule",
+           "QueryRepresentationModule", "mores_flops"]

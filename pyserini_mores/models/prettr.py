@@ -1,7 +1,7 @@
 """PreTTR (MacAvaney et al., SIGIR 2020): a BERT cross-encoder whose first ``join_layer`` layers see the query and
 the document separately, so the document's layer-l token states (optionally compressed) can be stored offline.
 
-Joint layout (SPEC §3, §7, resolution P1). With ``Qb = config.query_max_length`` (the query *block* length, [CLS]
+Joint layout. With ``Qb = config.query_max_length`` (the query *block* length, [CLS]
 and [SEP] included, exactly what :meth:`PreTTRModel.tokenize_queries` pads to)::
 
     position  0      1 .. k     k+1    k+2 .. Qb-1    Qb  Qb+1 ...  Qb+m-1    (Qb+m .. : document padding)
@@ -10,11 +10,11 @@ and [SEP] included, exactly what :meth:`PreTTRModel.tokenize_queries` pads to)::
     mask      1      1          1      0              1   1    ...  1
 
 Document tokens therefore always sit at positions ``Qb + j`` with segment id 1, whatever the query's real length,
-so stored states are query-independent and identical to what training saw. (In SPEC §7 notation, with ``Q = Qb - 2``
-query-token slots, the document starts at position ``Q + 2 = Qb``.) Documents are tokenized exactly as our other
-models tokenize them (``[CLS] d [SEP]``, at most ``config.doc_max_length`` WordPieces with the specials, as in the
-cross-encoder and MORES) and the [CLS] is dropped: the stored side is ``d [SEP]``, at most ``doc_max_length - 1``
-tokens. When the query fills its block, the joint sequence is token for token the cross-encoder's input.
+so stored states are query-independent and identical to what training saw. (With ``Q = Qb - 2`` query-token slots, the
+document starts at position ``Q + 2 = Qb``.) Documents are tokenized exactly as our other models tokenize them
+(``[CLS] d [SEP]``, at most ``config.doc_max_length`` WordPieces with the specials, as in the cross-encoder and MORES)
+and the [CLS] is dropped: the stored side is ``d [SEP]``, at most ``doc_max_length - 1`` tokens. When the query
+fills its block, the joint sequence is token for token the cross-encoder's input.
 
 Layers ``1..l`` run on the query block and the document separately (exactly the block-diagonal join mask of the
 paper; :meth:`PreTTRModel.joint_forward_masked` is that reference), layers ``l+1..L-1`` run on the joined sequence,
@@ -22,7 +22,7 @@ and layer ``L`` computes only the [CLS] row. The head is ``Linear(n, 2)`` on the
 ``score = logit_1 - logit_0`` (:func:`.losses.ranking_scores`, as in the cross-encoder baseline, whose parameter names
 ``encoder.*``/``head.*`` PreTTR shares: a trained cross-encoder's weights load into PreTTR as they are).
 
-The optional compressor (SPEC §3.2, P3) sits on the layer-l output: ``r = GELU(s_l W_c + b_c)`` is stored,
+The optional compressor (the paper's §3.2) sits on the layer-l output: ``r = GELU(s_l W_c + b_c)`` is stored,
 ``ŝ_l = LayerNorm(r W_d + b_d)`` feeds layer ``l+1``. Query states go through compress→decompress too.
 """
 from __future__ import annotations
@@ -36,8 +36,10 @@ from torch import nn
 
 from ._cls_only import TokenBlock, cls_only_attention_stored, cls_only_layer, compute_dtype
 from ._layers import BertEncoder, key_padding_mask, load_bert_weights, score_head
-from .backbones import DEFAULT_BACKBONE, load_backbone
-from .base import RankingConfig, RankingModel
+from .backbones import DEFAULT_BACKBONE
+from .base import RankingConfig, RankingModel, pad_documents
+from .flops import EncoderShape, FlopCount, Term, bert_layer, linear
+from .loading import backbone_weights, copy_ranker_head
 from .losses import ranking_scores
 
 DOC_SEGMENT_ID = 1
@@ -114,6 +116,24 @@ def validate_config(config: PreTTRConfig) -> None:
             f"query_max_length + doc_max_length - 1 = {joined} exceeds the encoder's "
             f"{config.encoder.max_position_embeddings} positions"
         )
+
+
+@dataclass
+class JoinedAttention:
+    """PreTTR's first joined layer (``layer = join_layer + 1``, 1-based) over ``[query block ‖ document]``, from
+    :meth:`PreTTRModel.attention_maps`.
+
+    Attributes:
+        probs: ``[B, h, T, T]`` post-softmax attention with ``T = Qb + Ld``; rows and columns ``0..Qb-1`` are the
+            query block. Each row sums to 1 over the real keys, padded keys get exactly 0.
+        mask: ``[B, T]`` True at real tokens (query-block padding and document padding are False).
+        query_block: ``Qb``, where the document starts on both axes.
+    """
+
+    probs: torch.Tensor
+    mask: torch.Tensor
+    query_block: int
+    layer: int
 
 
 class PreTTRQueryState(NamedTuple):
@@ -196,6 +216,11 @@ class PreTTRModel(RankingModel):
 
     model_type = "prettr"
     config_class = PreTTRConfig
+    default_loss = "listwise"  # with one negative, the paper's pairwise softmax loss
+    new_parameters = ("head.",)
+    starts_from_rankers = True
+    joint_input = True
+    explanation = "attention"
 
     def __init__(self, config: PreTTRConfig, tokenizer):
         if config.join_layer is None:
@@ -215,11 +240,13 @@ class PreTTRModel(RankingModel):
 
     @classmethod
     def from_backbone(cls, backbone: str = DEFAULT_BACKBONE, **config_overrides) -> "PreTTRModel":
-        """BERT weights from ``backbone``; head and compressor are randomly initialised."""
-        dims, state_dict, tokenizer = load_backbone(backbone)
+        """BERT weights from ``backbone``; the compressor is randomly initialised, and so is the head unless the
+        backbone is a trained cross-encoder (whose head it starts from)."""
+        dims, state_dict, tokenizer = backbone_weights(backbone)
         config = PreTTRConfig(encoder=dims, backbone=str(backbone), **config_overrides)
         model = cls(config, tokenizer)
         load_bert_weights(model.encoder, state_dict)
+        copy_ranker_head(model.ranking_head, backbone, cls.model_type)
         return model.eval()
 
     # ---- shape of the model -------------------------------------------------------------------------------------
@@ -355,19 +382,31 @@ class PreTTRModel(RankingModel):
 
     # ---- layers l+1..L on the joined sequence ---------------------------------------------------------------------
     def _joint_score(self, query_states: torch.Tensor, query_mask: torch.Tensor, doc_states: torch.Tensor,
-                     doc_mask: torch.Tensor) -> torch.Tensor:
-        """``[B]`` scores from layer-l (decompressed) states: query ``[1|B, Qb, n]``, documents ``[B, Ld, n]``."""
+                     doc_mask: torch.Tensor, attentions: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """``[B]`` scores from layer-l (decompressed) states: query ``[1|B, Qb, n]``, documents ``[B, Ld, n]``.
+        With ``attentions`` (a list), the self-attention ``[B, h, T, T]`` of every joint layer ``l+1..L`` is
+        appended to it, all rows (scoring computes the last layer's [CLS] row only)."""
         doc_states = doc_states.to(query_states.dtype)
         self._check_batches(query_states, doc_states)
+        batch = doc_states.shape[0]
         if self.join_layer == self.num_layers - 1:
+            if attentions is not None:
+                self._all_rows_attention(attentions, torch.cat([query_states.expand(batch, -1, -1), doc_states], 1),
+                                         torch.cat([query_mask.expand(batch, -1), doc_mask], 1))
             # The last layer is the first joint one: the query block stays batch-1 (never copied per candidate).
             blocks = [TokenBlock(query_states, query_mask), TokenBlock(doc_states, doc_mask)]
             return self._head(cls_only_layer(self.encoder.layers[-1], query_states[:, 0], blocks))
-        batch = doc_states.shape[0]
         x = torch.cat([query_states.expand(batch, -1, -1), doc_states], 1)
         mask = torch.cat([query_mask.expand(batch, -1), doc_mask], 1)
-        x = self.encoder.run_layers(x, mask[:, None, None, :], self.join_layer, self.num_layers - 1)
+        x = self.encoder.run_layers(x, mask[:, None, None, :], self.join_layer, self.num_layers - 1, attentions)
+        if attentions is not None:
+            self._all_rows_attention(attentions, x, mask)
         return self._head(cls_only_layer(self.encoder.layers[-1], x[:, 0], [TokenBlock(x, mask)]))
+
+    def _all_rows_attention(self, attentions: list[torch.Tensor], x: torch.Tensor, mask: torch.Tensor) -> None:
+        """Append the last layer's self-attention of every row of ``x [B, T, n]`` (key mask ``[B, T]``)."""
+        attention = self.encoder.layers[-1].attention
+        attentions.append(attention.attention_probs(x, attention.key(x), mask[:, None, None, :]))
 
     @staticmethod
     def _check_batches(query_states: torch.Tensor, docs: torch.Tensor) -> None:
@@ -447,6 +486,62 @@ class PreTTRModel(RankingModel):
         """``[len(documents)]`` scores from text, the query encoded once and broadcast."""
         return self(self.tokenize_queries([query]), self.tokenize_documents(documents))
 
+    # ---- explanations, the benchmark ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def attention_maps(self, query_batch: dict, *, docs: torch.Tensor | None = None,
+                       lengths: torch.Tensor | None = None, doc_batch: dict | None = None,
+                       layer: int | None = None) -> JoinedAttention:
+        """The attention of the first joined layer ``l+1`` for one query, taken from the joint layers as they score
+        (all rows, also when ``l + 1 = L`` and scoring keeps only the [CLS] row).
+
+        Layer-``l`` document states come from the stored documents ``docs``/``lengths`` (decompressed when the model
+        compresses) or from ``doc_batch`` (:meth:`tokenize_documents`) encoded as a sidecar stores them.
+        ``layer`` is not used: the map is always the first joined layer's.
+        """
+        if docs is None and doc_batch is None:
+            raise ValueError("PreTTR attention maps need stored documents (docs, lengths) or doc_batch")
+        if self.stores_keys_values:
+            raise ValueError("PreTTR attention maps need layer-l states; this model stores keys and values")
+        state = self.encode_query(query_batch)
+        if state.states.shape[0] != 1:
+            raise ValueError("explain one query at a time")
+        if docs is None:
+            docs, lengths = pad_documents(self.encode_documents(doc_batch))
+        if lengths is None:
+            raise ValueError("stored documents need their lengths")
+        if docs.shape[-1] != self.store_width:
+            raise ValueError(f"stored documents are {docs.shape[-1]} wide; this PreTTR expects {self.store_width}")
+        doc_states = self.decompress_documents(docs)
+        doc_mask = key_padding_mask(lengths.to(doc_states.device), doc_states.shape[1])[:, 0, 0]
+        maps = []
+        self._joint_score(state.states, state.mask, doc_states, doc_mask, maps)
+        batch = doc_states.shape[0]
+        return JoinedAttention(probs=maps[0], mask=torch.cat([state.mask.to(doc_mask.device).expand(batch, -1),
+                                                              doc_mask], 1),
+                               query_block=state.states.shape[1], layer=self.join_layer + 1)
+
+    def flops(self, query_tokens: int, doc_tokens: int) -> FlopCount:
+        """:func:`prettr_flops` of this configuration; ``query_tokens`` is the query block, ``doc_tokens`` the
+        stored ``d [SEP]``."""
+        config = self.config
+        return prettr_flops(EncoderShape.from_dims(config.encoder), query_tokens, doc_tokens, config.join_layer,
+                            config.compression_dim, config.reuse)
+
+    @classmethod
+    def benchmark_variants(cls, num_layers: int, compression_dim: int) -> list[tuple[str, dict]]:
+        """Joins at ``L−1`` and ``L−2``, uncompressed and at ``compression_dim``; and the last layer's document keys
+        and values stored (the sidecar variant beyond the paper)."""
+        variants = []
+        for join in (num_layers - 1, num_layers - 2):
+            if join < 0:
+                continue
+            for compression in (None, compression_dim):
+                name = f"l{join}" + (f"-e{compression}" if compression else "")
+                variants.append((name, {"compression_dim": compression, "join_layer": join}))
+        variants.append((f"l{num_layers - 1}-kv",
+                         {"compression_dim": None, "join_layer": num_layers - 1, "reuse": "kv"}))
+        return variants
+
     # ---- the reference path -------------------------------------------------------------------------------------
     def joined_inputs(self, query_batch: dict, doc_batch: dict) -> dict:
         """The joint layout as one sequence: ``input_ids``, ``attention_mask``, ``token_type_ids``,
@@ -479,7 +574,7 @@ class PreTTRModel(RankingModel):
         block_mask = (same_segment & mask[:, None, :])[:, None]  # [B, 1, T, T]
         return self.encoder.run_layers(x, block_mask, 0, self.join_layer), mask
 
-    # ---- compressor pre-training (SPEC §3.2 stage 1, P5) ----------------------------------------------------------
+    # ---- compressor pre-training (the paper's first stage) --------------------------------------------------------
     def compressor_parameters(self) -> list[nn.Parameter]:
         if self.compressor is None:
             raise ValueError("this PreTTR model has no compressor (compression_dim=None)")
@@ -532,6 +627,78 @@ class PreTTRModel(RankingModel):
             probabilities.append(layer.attention.attention_probs(x, keys, key_mask))
             x = layer.ffn(layer.attention.attend(x, keys, values, key_mask))
         return probabilities
+
+
+def prettr_flops(shape: EncoderShape, query_tokens: int, doc_tokens: int, join_layer: int,
+                 compression_dim: int | None = None, reuse: str = "states") -> FlopCount:
+    """PreTTR's online FLOPs: layers ``1..l`` of the query once; ``l+1..L`` per candidate, the last one [CLS]-only.
+
+    ``query_tokens`` = the query block ``q``; ``doc_tokens`` = the stored ``d [SEP]`` tokens ``d``; joint
+    ``T = q + d``; ``reuse='kv'``: the documents' last-layer keys and values are stored (``l = L−1`` only). Query:
+    ``l·layer(q)`` (+ ``4·q·n·e`` compress→decompress of the query states). The last layer computes the [CLS] row
+    only, with keys and values folded into the query (``cls_only_layer``): per head the logits and the weighted sum
+    act on the unprojected states, ``2·h·n`` per token each, instead of ``2·n²`` projections.
+
+    * ``l = L−1``, uncompressed (or ``e ≥ n``): batch ``4·n² + 2·h·q·n`` ([CLS] query projection, folding,
+      query-block logits); candidate ``2·h·d·n + 2·h·(q+d)·n + 4·n² + 4·n·f + 4n`` (+ ``2·d·e·n`` decompression).
+    * ``l = L−1``, compressed ``e < n`` (attention in code space, ``CompressedTokenBlock``): batch
+      ``4·n² + 2·h·q·n + 2·h·n·e``; candidate ``2·d·e² + 4·h·d·e + 2·h·e·n + 2·h·q·n + 4·n² + 4·n·f + 4n``.
+    * ``l = L−1``, stored keys and values: batch ``2·n² + 4·q·n² + 2·q·n`` ([CLS] query, the query block's keys and
+      values and logits); candidate ``2·q·n + 4·d·n + 2·n² + 4·n·f + 4n``.
+    * ``l < L−1``: candidate ``[2·d·e·n] + (L−1−l)·layer(T) + 8·n² + 4·h·T·n + 4·n·f + 4n``.
+
+    Notation in :mod:`.flops`.
+    """
+    n, f, h, L = shape.hidden, shape.ffn, shape.heads, shape.layers
+    q, d, e = query_tokens, doc_tokens, compression_dim
+    if not 0 <= join_layer < L:
+        raise ValueError(f"join_layer must be in [0, {L}), not {join_layer}")
+    terms = [Term("query_layers", join_layer * bert_layer(q, shape), "query")]
+    if e:
+        terms.append(Term("query_compress_roundtrip", linear(q, n, e) + linear(q, e, n), "query"))
+    # The [CLS]-only last layer's tail: output projection, one FFN row, head.
+    tail = [Term("last_output", linear(1, n, n)), Term("last_ffn", linear(1, n, f) + linear(1, f, n)),
+            Term("head", linear(1, n, 2))]
+    if reuse == "kv":
+        if join_layer != L - 1:
+            raise ValueError(f"stored keys and values need join_layer = {L - 1}, not {join_layer}")
+        return FlopCount(tuple(terms + [
+            Term("last_cls_query_projection", linear(1, n, n), "batch"),
+            Term("last_query_block_keys_values", linear(q, n, 2 * n), "batch"),
+            Term("last_query_block_logits", 2 * q * n, "batch"),
+            Term("last_query_block_pool", 2 * q * n),
+            Term("last_doc_logits", 2 * d * n),
+            Term("last_doc_pool", 2 * d * n),
+        ] + tail))
+    tail.insert(0, Term("last_value_fold", 2 * h * (n // h) * n))  # keys and values folded into the query
+    if join_layer == L - 1:
+        terms += [Term("last_cls_query_projection", linear(1, n, n), "batch"),
+                  Term("last_key_fold", 2 * h * (n // h) * n, "batch"),
+                  Term("last_query_block_logits", 2 * h * q * n, "batch")]
+        if e and e < n:
+            terms += [
+                Term("last_code_query", 2 * h * n * e, "batch"),
+                Term("doc_whitening", linear(d, e, e)),
+                Term("last_doc_logits", 2 * h * d * e),
+                Term("last_doc_pool", 2 * h * d * e + 2 * h * e * n),
+                Term("last_query_block_pool", 2 * h * q * n),
+            ]
+        else:
+            if e:
+                terms.append(Term("decompress", linear(d, e, n)))
+            terms += [Term("last_doc_logits", 2 * h * d * n), Term("last_pool", 2 * h * (q + d) * n)]
+        return FlopCount(tuple(terms + tail))
+    joint = q + d
+    if e:
+        terms.append(Term("decompress", linear(d, e, n)))
+    terms += [
+        Term("joint_layers", (L - 1 - join_layer) * bert_layer(joint, shape)),
+        Term("last_cls_query_projection", linear(1, n, n)),
+        Term("last_key_fold", 2 * h * (n // h) * n),
+        Term("last_logits", 2 * h * joint * n),
+        Term("last_pool", 2 * h * joint * n),
+    ]
+    return FlopCount(tuple(terms + tail))
 
 
 class CompressedTokenBlock:

@@ -2,9 +2,8 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Iterable
 
-from ..types import Query, RerankedHit, Text, hits_to_texts, texts_to_hits
+from ..types import Query, Text
 
 
 class Reranker(ABC):
@@ -32,16 +31,6 @@ class Reranker(ABC):
         rescored = self.rescore(query, list(texts))
         order = sorted(range(len(rescored)), key=lambda i: -rescored[i].score)
         return [rescored[i] for i in order]
-
-    def rerank_hits(self, query: Query | str, hits: Iterable, texts: Iterable[str] | None = None) -> list[RerankedHit]:
-        """Rerank Pyserini hits (``.docid``, ``.score``, ``.lucene_docid``); returns hits with the new scores.
-
-        ``texts`` are the documents' texts, needed only when :attr:`needs_text` is true.
-        """
-        candidates = hits_to_texts(hits, texts)
-        if self.needs_text and any(text.text is None for text in candidates):
-            raise ValueError(f"reranker '{self.name}' scores document text: pass texts= with the hits")
-        return texts_to_hits(self.rerank(query, candidates))
 
     def close(self) -> None:
         """Release files and memory maps."""

@@ -107,7 +107,7 @@ class ModelReranker(Reranker):
 
     def _attach_explanations(self, query: Query, texts: list[Text]) -> None:
         model = self.model
-        if not hasattr(model, "explain") or model.store_width is None:
+        if model.explanation != "kernels" or model.store_width is None:  # the numbers of TK's ``explain``
             raise ValueError(f"reranker '{self.name}' cannot explain its scores")
         with torch.inference_mode():
             query_state = model.encode_query(model.tokenize_queries([query.text]))

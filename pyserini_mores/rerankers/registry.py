@@ -1,12 +1,15 @@
-"""Reranker names → factories. Third-party packages add rerankers through the ``pyserini_mores.rerankers``
-entry-point group (a callable taking keyword arguments and returning a :class:`~.base.Reranker`)."""
+"""Reranker names → factories. Every registered model type (:mod:`pyserini_mores.models.registry`) is a reranker of
+the same name; third-party packages add rerankers through the ``pyserini_mores.rerankers`` entry-point group (a
+callable taking keyword arguments and returning a :class:`~.base.Reranker`)."""
 from __future__ import annotations
 
 import logging
 from importlib.metadata import entry_points
 from typing import Callable
 
+from ..models.registry import model_types
 from .base import IdentityReranker, Reranker
+from .learned import learned_reranker_factory
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +29,7 @@ def register_reranker(name: str, factory: RerankerFactory | None = None, *, repl
     """Register ``factory`` under ``name`` (usable as a decorator). Re-registering a name needs ``replace=True``."""
 
     def add(target: RerankerFactory) -> RerankerFactory:
-        if name in _FACTORIES and not replace:
+        if (name in _FACTORIES or name in model_types()) and not replace:
             raise ValueError(f"a reranker named '{name}' is already registered")
         _FACTORIES[name] = target
         return target
@@ -40,7 +43,7 @@ def _load_entry_points() -> None:
         return
     _entry_points_loaded = True
     for entry_point in entry_points(group=ENTRY_POINT_GROUP):
-        if entry_point.name in _FACTORIES:
+        if entry_point.name in _FACTORIES or entry_point.name in model_types():
             logger.warning("entry point reranker '%s' ignored: the name is taken", entry_point.name)
             continue
         _FACTORIES[entry_point.name] = _LazyEntryPoint(entry_point)
@@ -57,20 +60,20 @@ class _LazyEntryPoint:
 
 
 def list_rerankers() -> list[str]:
-    """The names :func:`get_reranker` accepts: built-in and those of installed plugins."""
+    """The names :func:`get_reranker` accepts: built-in, one per registered model type, and those of installed
+    plugins."""
     _load_entry_points()
-    return sorted(_FACTORIES)
+    return sorted(set(_FACTORIES) | set(model_types()))
 
 
 def get_reranker(name: str, **kwargs) -> Reranker:
     """Build the reranker registered as ``name``; ``kwargs`` go to its factory (e.g. ``model=``, ``sidecar=``)."""
     _load_entry_points()
-    try:
-        factory = _FACTORIES[name]
-    except KeyError:
-        raise UnknownRerankerError(
-            f"unknown reranker '{name}'; known rerankers: {', '.join(sorted(_FACTORIES))}"
-        ) from None
+    factory = _FACTORIES.get(name)
+    if factory is None and name in model_types():
+        factory = learned_reranker_factory(name)
+    if factory is None:
+        raise UnknownRerankerError(f"unknown reranker '{name}'; known rerankers: {', '.join(list_rerankers())}")
     return factory(**kwargs)
 
 

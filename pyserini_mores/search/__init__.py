@@ -1,4 +1,20 @@
-"""Search: BM25 with Pyserini followed by a reranker (``RerankingSearcher``) and the search CLI."""
-from .searcher import RerankingSearcher, SidecarMissingError, default_sidecar_path
+"""Search: BM25 with Pyserini followed by a reranker (``RerankingSearcher``) and the search CLI.
 
-__all__ = ["RerankingSearcher", "SidecarMissingError", "default_sidecar_path"]
+Names are imported on first use, so that ``python -m pyserini_mores.search --help`` (which imports this package
+first) does not wait for torch.
+"""
+from __future__ import annotations
+
+from .._lazy import lazy_exports
+
+_EXPORTS = {
+    "RerankingSearcher": "pyserini_mores.search.searcher",
+    "SidecarMissingError": "pyserini_mores.search.searcher",
+    "SEARCHER_BUDGET": "pyserini_mores.search.searcher",
+    "RerankStats": "pyserini_mores.types",
+    "default_sidecar_path": "pyserini_mores.sidecar",
+}
+
+__all__ = sorted(_EXPORTS)
+
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -8,23 +8,31 @@ import argparse
 import logging
 import statistics
 import sys
-import time
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from tqdm import tqdm
+
+from .._cli import define_model_args, parse_model_args, run_command
+from .._jvm import import_pyserini
+from ..eval.metrics import evaluate, format_metrics_table
+from ..formats import read_qrels, read_topics, results_to_run, write_run
+from ..index import fetch_texts
+from ..types import RerankedHit, RerankStats, hits_to_texts, texts_to_hits
 
 logger = logging.getLogger(__name__)
 
 
 def define_search_args(parser: argparse.ArgumentParser) -> None:
-    from .._cli import define_model_args
-
     parser.add_argument("--index", help="Lucene index directory or Pyserini prebuilt index name "
                                           "(default: the embedded sample)")
     parser.add_argument("--topics", help="topics: a `qid<TAB>text` TSV file or a Pyserini topics name")
     parser.add_argument("--output", help="run file to write (default: printed summary only for the sample)")
     parser.add_argument("--output-format", choices=["trec", "msmarco"], default="trec")
     parser.add_argument("--hits", type=int, default=1000, help="hits per query in the run")
-    parser.add_argument("--bm25", action="store_true", help="BM25 first stage (the only one; accepted for Pyserini "
-                                                            "compatibility)")
+    parser.add_argument("--bm25", action="store_true",
+                        help="Pyserini's flag for a BM25 first stage, which is always the first stage here: accepted "
+                             "so that Pyserini's search commands run unchanged")
     parser.add_argument("--k1", type=float, default=None, help="BM25 k1 (default: Pyserini's for the index)")
     parser.add_argument("--b", type=float, default=None, help="BM25 b (default: Pyserini's for the index)")
     parser.add_argument("--batch-size", type=int, default=16, help="queries per BM25 batch")
@@ -46,15 +54,12 @@ def define_search_args(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .._cli import run_command
-
     return run_command("python -m pyserini_mores.search", __doc__, define_search_args, run_search, argv)
 
 
 def run_search(args: argparse.Namespace) -> int:
-    from .._cli import parse_model_args
-    from ..formats import write_run
-    from .embedded import DEFAULT_MODEL, DEFAULT_MODEL_ARGS, DEFAULT_RERANKER, prepare_sample, sample_searcher
+    # The searcher imports torch: only now, so that --help stays instant.
+    from .sample import DEFAULT_MODEL, DEFAULT_MODEL_ARGS, DEFAULT_RERANKER, prepare_sample, sample_searcher
     from .searcher import RerankingSearcher
 
     embedded = args.index is None
@@ -100,20 +105,23 @@ def run_search(args: argparse.Namespace) -> int:
         calibration = searcher.calibrate(recalibrate=args.recalibrate)
         print(f"Time budget {args.time_budget_ms:g} ms/query; calibrated cost {calibration.describe()}")
 
-    results, bm25_results, rerank_ms = search_topics(searcher, topics, args, with_bm25=qrels is not None)
+    searched = search_topics(searcher, topics, hits=args.hits, batch_size=args.batch_size, threads=args.threads,
+                             keep_bm25=qrels is not None)
+    results = searched.results
     if args.output:
         write_run(args.output, ((qid, results[qid]) for qid in topics), output_format=args.output_format,
                   tag=f"pyserini_mores-{searcher.reranker.name}")
         print(f"Run written to {args.output}")
-    if rerank_ms:
+    if searcher.reranker.name != "bm25" and searched.stats:
+        rerank_ms = [stats.rerank_ms for stats in searched.stats.values()]
         print(f"Rerank time per query ({args.rerank_depth} candidates at most): median "
               f"{statistics.median(rerank_ms):.1f} ms over {len(rerank_ms)} queries")
-    if args.time_budget_ms is not None and searcher.chosen_depths:
-        depths = list(searcher.chosen_depths.values())
+    if args.time_budget_ms is not None and searched.stats:
+        depths = [stats.depth for stats in searched.stats.values()]
         print(f"Rerank depth under the {args.time_budget_ms:g} ms budget: median {statistics.median(depths):g}, "
               f"mean {statistics.fmean(depths):.1f}, range {min(depths)}-{max(depths)}")
     if qrels is not None:
-        print_metrics(qrels, {"BM25": bm25_results, searcher.reranker.name: results})
+        print_metrics(qrels, {"BM25": searched.bm25, searcher.reranker.name: results})
     examples = args.examples if args.examples is not None else (3 if embedded else 0)
     if examples:
         print_examples(searcher, topics, results, examples)
@@ -121,36 +129,40 @@ def run_search(args: argparse.Namespace) -> int:
     return 0
 
 
-def search_topics(searcher, topics: dict[str, str], args, with_bm25: bool):
-    from tqdm import tqdm
+@dataclass
+class TopicSearch:
+    """What :func:`search_topics` found, by qid in the topics' order: the reranked hits, what the rerank stage did,
+    and (when kept) BM25's own top hits."""
 
-    from ..types import hits_to_texts, texts_to_hits
+    results: dict[str, list[RerankedHit]] = field(default_factory=dict)
+    stats: dict[str, RerankStats] = field(default_factory=dict)
+    bm25: dict[str, list[RerankedHit]] = field(default_factory=dict)
 
+
+def search_topics(searcher, topics: dict[str, str], *, hits: int = 1000, batch_size: int = 16, threads: int = 1,
+                  keep_bm25: bool = False, progress: bool = True) -> TopicSearch:
+    """The top ``hits`` of every topic (qid → text) with ``searcher``: BM25 for ``batch_size`` queries at a time on
+    ``threads`` threads, then each query reranked in turn (so that its rerank time is its own). ``keep_bm25``
+    also keeps BM25's top ``hits``, e.g. to evaluate both."""
     qids = list(topics)
-    results, bm25_results, rerank_ms = {}, {}, []
-    depth = max(args.hits, searcher.rerank_depth)
-    bar = tqdm(total=len(qids), unit="query", desc="search")
-    for start in range(0, len(qids), args.batch_size):
-        batch = qids[start:start + args.batch_size]
-        first_stage = searcher.searcher.batch_search([topics[q] for q in batch], batch, k=depth, threads=args.threads)
+    found = TopicSearch()
+    bar = tqdm(total=len(qids), unit="query", desc="search", disable=not progress)
+    for start in range(0, len(qids), batch_size):
+        batch = qids[start:start + batch_size]
+        candidates = searcher.first_stage([topics[qid] for qid in batch], batch, k=hits, threads=threads)
         for qid in batch:
-            hits = list(first_stage.get(qid, []))
-            if with_bm25:
-                bm25_results[qid] = texts_to_hits(hits_to_texts(hits[:args.hits]))
-            started = time.perf_counter()
-            results[qid] = searcher._rerank(topics[qid], hits)[:args.hits]
-            searcher.chosen_depths[qid] = searcher.last_depth
-            if searcher.reranker.name != "bm25":
-                rerank_ms.append((time.perf_counter() - started) * 1000)
+            first_stage = list(candidates.get(qid, []))
+            if keep_bm25:
+                found.bm25[qid] = texts_to_hits(hits_to_texts(first_stage[:hits]))
+            ranked, found.stats[qid] = searcher.rerank_hits(topics[qid], first_stage)
+            found.results[qid] = ranked[:hits]
             bar.update(1)
     bar.close()
-    return results, bm25_results, rerank_ms
+    return found
 
 
 def load_topics(spec: str) -> dict[str, str]:
     """A ``qid<TAB>text`` file, or a Pyserini topics name (downloaded by Pyserini when not bundled)."""
-    from ..formats import read_topics
-
     if Path(spec).is_file():
         return read_topics(spec)
     topics = _from_pyserini("topics", spec, lambda search: search.get_topics(spec), "a qid<TAB>text TSV file")
@@ -161,8 +173,6 @@ def load_topics(spec: str) -> dict[str, str]:
 
 def load_qrels(spec: str) -> dict[str, dict[str, int]]:
     """A TREC qrels file, or a Pyserini qrels name."""
-    from ..formats import read_qrels
-
     if Path(spec).is_file():
         return read_qrels(spec)
     return read_qrels(_from_pyserini("qrels", spec, lambda search: search.get_qrels_file(spec), "a TREC qrels file"))
@@ -172,8 +182,6 @@ def _from_pyserini(kind: str, spec: str, load, offline_hint: str):
     """Load topics/qrels by Pyserini name, turning its download failures into a message that says what to do."""
     if "/" in spec or spec.endswith((".tsv", ".txt")):
         raise FileNotFoundError(f"{kind} file {spec} does not exist")
-    from .._jvm import import_pyserini
-
     try:
         return load(import_pyserini("pyserini.search"))
     except Exception as error:  # Pyserini raises Java exceptions or URLErrors when it cannot download
@@ -184,17 +192,12 @@ def _from_pyserini(kind: str, spec: str, load, offline_hint: str):
 
 
 def print_metrics(qrels, runs: dict[str, dict]) -> None:
-    from ..eval.metrics import evaluate, format_metrics_table
-    from ..formats import results_to_run
-
     # Evaluated as written to a run file (scores rounded as there), so the numbers equal `eval` on the file.
     rows = [(name, evaluate(results_to_run(results), qrels)) for name, results in runs.items()]
     print(format_metrics_table(rows))
 
 
 def print_examples(searcher, topics, results, count: int) -> None:
-    from ..index import fetch_texts
-
     for qid in list(topics)[:count]:
         print(f"\nquery {qid}: {topics[qid]}")
         top = results[qid][:3]

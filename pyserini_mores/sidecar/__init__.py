@@ -5,6 +5,7 @@ Reading needs only numpy (torch is imported when tensors are built); ``build`` (
 """
 from __future__ import annotations
 
+from .assemble import assemble_shards
 from .format import (
     FORMAT_VERSION,
     Manifest,
@@ -13,10 +14,11 @@ from .format import (
     SidecarExistsError,
     SidecarMismatchError,
     SidecarNotFoundError,
+    default_sidecar_path,
     read_manifest,
 )
-from .reader import BatchBuffer, SidecarReader, open_sidecar
-from .shards import ShardedSidecarReader, assemble_shards
+from .reader import BatchBuffer, SidecarReader
+from .sharded_reader import ShardedSidecarReader, open_sidecar
 from .verify import verify_sidecar
 from .writer import SidecarWriter
 
@@ -33,6 +35,7 @@ __all__ = [
     "SidecarWriter",
     "ShardedSidecarReader",
     "assemble_shards",
+    "default_sidecar_path",
     "open_sidecar",
     "read_manifest",
     "verify_sidecar",

@@ -2,16 +2,20 @@
 and transcode sidecars.
 
 ``info``, ``verify``, ``assemble`` and ``transcode`` need neither torch nor the JVM (``transcode`` needs faiss for a
-codec); ``build`` imports :mod:`.build` only when it is the command.
+codec); ``build`` imports :mod:`.build` (torch) and the rerankers only when it is the command.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
+from .._cli import define_model_args, parse_model_args
+from .assemble import assemble_shards
 from .codecs import CODECS
 from .format import (
     MANIFEST,
@@ -24,10 +28,12 @@ from .format import (
     size_problems,
 )
 from .shards import ShardedManifest, is_sharded, read_sharded_manifest
+from .transcode import transcode_sidecar
+from .verify import verify_sidecar
 
 
-def build_parser(with_build: bool = False) -> argparse.ArgumentParser:
-    """The CLI parser; the ``build`` options are added only when ``with_build`` (they import the build module)."""
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of every subcommand (defining them imports nothing heavy)."""
     parser = argparse.ArgumentParser(
         prog="python -m pyserini_mores.sidecar",
         description="Inspect, verify, build, assemble and transcode pyserini_mores sidecars.")
@@ -39,10 +45,7 @@ def build_parser(with_build: bool = False) -> argparse.ArgumentParser:
     verify = commands.add_parser("verify", help="check sizes, checksums, offsets and docid tables")
     verify.add_argument("path", help="sidecar directory (of a sharded sidecar: every shard is verified)")
     build = commands.add_parser("build", help="encode a collection into a sidecar (`build --help` for options)")
-    if with_build:
-        from .build import define_build_args
-
-        define_build_args(build)
+    define_build_args(build)
     assemble = commands.add_parser(
         "assemble", aliases=["merge"],
         help="join shards built with `build --shards N --shard I` into one sharded sidecar (no data copy)")
@@ -66,16 +69,45 @@ def build_parser(with_build: bool = False) -> argparse.ArgumentParser:
     return parser
 
 
+def define_build_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--index", required=True, help="Lucene index directory or Pyserini prebuilt index name")
+    define_model_args(parser)
+    parser.add_argument("--output", default=None,
+                        help="sidecar directory (default: beside the index); with --shard, the shard's directory")
+    parser.add_argument("--collection", default=None,
+                        help="collection file (MS MARCO TSV or JSONL) for indexes that store no text")
+    parser.add_argument("--batch-size", type=int, default=64, help="documents encoded per batch")
+    parser.add_argument("--dtype", choices=["float16", "float32", "bfloat16"], default="float16")
+    parser.add_argument("--codec", choices=["fp16", "sq8", "sq6", "sq4", "pq"], default="fp16",
+                        help="token vector codec: fp16 stores vectors in --dtype; sq8/sq6/sq4 (faiss scalar "
+                             "quantisers, 8/6/4 bits per value) and pq (faiss product quantisation, 1 byte per "
+                             "sub-quantiser) are trained on the first documents and decoded at read time")
+    parser.add_argument("--pq-subquantizers", type=int, default=None, metavar="M",
+                        help="--codec pq: sub-quantisers per vector = bytes per token (must divide the store "
+                             "width; default: width / 4)")
+    parser.add_argument("--max-length", type=int, default=None, help="document length cap in tokens")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing sidecar")
+    parser.add_argument("--restart", action="store_true", help="discard an interrupted build instead of resuming")
+    group = parser.add_argument_group("sharded and distributed builds")
+    group.add_argument("--shards", type=int, default=None,
+                       help="split the sidecar into this many shards of contiguous rows (shard i holds rows "
+                            "i*ceil(n/N) onward); without --shard every shard is built into OUTPUT/shard-I-of-N "
+                            "and assembled")
+    group.add_argument("--shard", type=int, default=None,
+                       help="build only this shard (0-based) of --shards at --output (default: "
+                            "<sidecar dir>/shard-I-of-N); join the shards with `assemble`")
+    group.add_argument("--engine", choices=["local", "ray"], default="local",
+                       help="local: shards one after the other in this process; ray: one Ray task per shard")
+    group.add_argument("--address", default=None,
+                       help="Ray cluster to connect to (auto, HOST:6379 or ray://HOST:10001); default: a Ray "
+                            "instance already started in this process, else a new local one")
+    group.add_argument("--max-retries", type=int, default=3, help="Ray: retries of a failed shard task")
+    group.add_argument("--cpus-per-task", type=float, default=1.0, help="Ray: CPUs reserved by each shard task")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (0 ok, 1 problems found, 2 error)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    wants_build = bool(argv) and argv[0] == "build"
-    try:
-        parser = build_parser(with_build=wants_build)
-    except ImportError as error:
-        print(f"error: the build command is unavailable: {error}", file=sys.stderr)
-        return 2
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         if args.command == "info":
             return _info(args)
@@ -85,13 +117,54 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _assemble(args)
         if args.command == "transcode":
             return _transcode(args)
-        from .build import run_build
-
-        result = run_build(args)
-        return result if isinstance(result, int) else 0
+        return _build(args)
     except (SidecarError, FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+
+
+def _build(args: argparse.Namespace) -> int:
+    """``build``: the options are checked (and Ray looked for) before the model loads; a bad option or a reranker
+    without stored representations exits with its ``error:`` line."""
+    try:
+        from .build import BuildOptions, ModelSource, run_build
+        from .ray_engine import import_ray
+    except ImportError as error:
+        print(f"error: the build command is unavailable: {error}", file=sys.stderr)
+        return 2
+    try:
+        options = BuildOptions(
+            index=args.index, reranker=args.reranker or "", output=args.output, collection=args.collection,
+            batch_size=args.batch_size, dtype=args.dtype, codec=args.codec, pq_subquantizers=args.pq_subquantizers,
+            precision=args.precision, overwrite=args.overwrite, restart=args.restart, shards=args.shards,
+            shard=args.shard, engine=args.engine, address=args.address, max_retries=args.max_retries,
+            cpus_per_task=args.cpus_per_task)
+        if options.engine == "ray":
+            import_ray()  # before loading any model: say at once what to install
+    except (ValueError, ImportError) as error:
+        raise SystemExit(f"error: {error}") from None
+    name, model = _stored_model(args)
+    path = run_build(dataclasses.replace(options, reranker=name, model=ModelSource.of(model)), model)
+    print(f"sidecar written to {path}")
+    return 0
+
+
+def _stored_model(args: argparse.Namespace):
+    """The reranker's name and its model, which must store document representations."""
+    from ..rerankers import LEARNED_RERANKERS, get_reranker
+
+    if not args.reranker:
+        raise SystemExit("error: --reranker is required")
+    overrides = parse_model_args(args.model_arg)
+    if args.max_length:
+        overrides["doc_max_length"] = args.max_length
+    learned = args.reranker in LEARNED_RERANKERS or args.model or overrides
+    reranker = get_reranker(args.reranker, model=args.model, **overrides) if learned else get_reranker(args.reranker)
+    model = getattr(reranker, "model", None)
+    if model is None or model.store_width is None:
+        raise SystemExit(f"error: reranker '{args.reranker}' stores no document representations; "
+                         "it needs no sidecar")
+    return reranker.name, model
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -110,8 +183,6 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from .verify import verify_sidecar
-
     problems = verify_sidecar(args.path)
     if not problems:
         print(f"OK {args.path}")
@@ -145,8 +216,6 @@ def _info_sharded(args: argparse.Namespace) -> int:
 
 
 def _transcode(args: argparse.Namespace) -> int:
-    from .transcode import transcode_sidecar
-
     options = {"pq_subquantizers": args.pq_subquantizers} if args.pq_subquantizers else None
     if options and args.codec != "pq":
         raise ValueError(f"--pq-subquantizers applies to --codec pq, not {args.codec}")
@@ -158,8 +227,6 @@ def _transcode(args: argparse.Namespace) -> int:
 
 
 def _assemble(args: argparse.Namespace) -> int:
-    from .shards import assemble_shards
-
     path = assemble_shards(args.output, args.shards, overwrite=args.overwrite)
     print(f"sharded sidecar written to {path / MANIFEST} ({len(args.shards)} shards)")
     return 0

@@ -13,7 +13,8 @@ Needs numpy only until a codec is built: faiss is imported then (``sidecar info`
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -158,7 +159,8 @@ class TokenCodec:
         if not np.isfinite(parameters).all():
             raise SidecarCorruptError(f"the {self.name} codec's parameters are not all finite")
         self._index = self._new_index()
-        faiss.copy_array_to_vector(parameters, self._index.pq.centroids if self.name == "pq" else self._index.sq.trained)
+        trained = self._index.pq.centroids if self.name == "pq" else self._index.sq.trained
+        faiss.copy_array_to_vector(parameters, trained)
         self._index.is_trained = True
 
     # ---- encode / decode -------------------------------------------------------------------------------------------

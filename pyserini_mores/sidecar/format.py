@@ -24,9 +24,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Mapping
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -167,7 +168,7 @@ class Manifest:
         return {**head, **data}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], source: str = MANIFEST) -> "Manifest":
+    def from_dict(cls, data: Mapping[str, Any], source: str = MANIFEST) -> Manifest:
         """Parse a manifest dict; a missing or ill-typed field raises :class:`SidecarCorruptError` naming it."""
         if data.get("format", FORMAT_NAME) != FORMAT_NAME:
             raise SidecarCorruptError(f"{source}: format is {data.get('format')!r}, not {FORMAT_NAME!r}")
@@ -246,38 +247,22 @@ def read_manifest(path: str | os.PathLike) -> Manifest:
     return Manifest.from_dict(data, source=str(file))
 
 
-def write_json_atomic(file: Path, data: Mapping[str, Any]) -> None:
-    """Write JSON through a temporary file + fsync + rename, so a crash never leaves a half-written file."""
-    tmp = file.with_name(file.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as out:
-        json.dump(data, out, indent=2, sort_keys=False)
-        out.write("\n")
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, file)
-    fsync_dir(file.parent)
+# ---- where sidecars live -----------------------------------------------------------------------------------------
+def default_sidecar_path(index_path: str | os.PathLike, reranker_name: str, model) -> Path:
+    """``<index_dir>.sidecars/<reranker>-<variant>-<fingerprint[:12]>``: beside the index (for a prebuilt index,
+    beside it in Pyserini's cache), one directory per reranker, stored variant and model."""
+    index_path = Path(index_path)
+    name = f"{reranker_name}-{model.store_variant}-{model.store_fingerprint()[:12]}"
+    return index_path.parent / f"{index_path.name}.sidecars" / name
 
 
-def fsync_dir(directory: Path) -> None:
-    """Make a rename or file creation in ``directory`` durable (best effort: not every filesystem allows it)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-# ---- validation at open time -------------------------------------------------------------------------------------
 def partial_path(path: str | os.PathLike) -> Path:
+    """Where the build of the sidecar at ``path`` grows until it is renamed into place."""
     path = Path(path)
     return path.with_name(path.name + PARTIAL_SUFFIX)
 
 
+# ---- validation at open time -------------------------------------------------------------------------------------
 def check_directory(path: str | os.PathLike) -> None:
     """Refuse a missing sidecar or an unfinished build with a message saying which, and what to do."""
     path = Path(path)
@@ -385,7 +370,7 @@ class BlockHasher:
         return total.hexdigest()
 
     @classmethod
-    def restore(cls, file: Path, length: int, block_bytes: int, saved_digests: list[bytes]) -> "BlockHasher":
+    def restore(cls, file: Path, length: int, block_bytes: int, saved_digests: list[bytes]) -> BlockHasher:
         """The hasher of the first ``length`` bytes of ``file``, re-reading only what ``saved_digests`` lacks."""
         hasher = cls(block_bytes)
         full_blocks = length // block_bytes

@@ -1,19 +1,19 @@
 """Distributed sidecar builds on a Ray cluster: one Ray task per shard (retried when it fails or its worker dies),
-finished shards skipped on a re-run; the driver then assembles the shards (:mod:`.build`, :mod:`.shards`).
+finished shards skipped on a re-run; the driver then assembles the shards (:mod:`.build`, :mod:`.assemble`).
 
 Ray is optional: ``pip install 'pyserini-mores[ray]'``. On a real cluster every node needs pyserini-mores installed
 and must see the index, the model and the output directory at the same paths (a shared filesystem).
 """
 from __future__ import annotations
 
-import argparse
 import logging
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import Any
+
+from tqdm import tqdm
 
 from .format import SidecarError
-
-if TYPE_CHECKING:
-    from .build import ShardPlan
+from .shards import ShardPlan
 
 logger = logging.getLogger(__name__)
 
@@ -30,25 +30,20 @@ def import_ray():
     return ray
 
 
-def build_shards_on_ray(args: argparse.Namespace, plan: "ShardPlan", *, address: str | None = None,
-                        max_retries: int = 3, cpus_per_task: float = 1.0,
-                        shard_task: Callable[..., str] | None = None) -> list[int]:
+def build_shards_on_ray(options: Any, plan: ShardPlan, shard_task: Callable[[Any, int, str, str], str], *,
+                        address: str | None = None, max_retries: int = 3, cpus_per_task: float = 1.0) -> list[int]:
     """Build the shards ``plan.todo`` as parallel Ray tasks; returns the shards built.
 
     Uses the Ray instance already initialized in this process, else connects to ``address`` (or starts a local
-    instance, shut down at the end). Each task runs ``shard_task(args, shard, path, build_id)`` (default
-    :func:`.build.build_shard`), which loads the model, opens the index and writes one shard directory; Ray retries a
-    task up to ``max_retries`` times, and a retry resumes the shard's ``.partial`` build where the failed attempt
-    committed it.
+    instance, shut down at the end). Each task runs ``shard_task(options, shard, path, build_id)`` (the build's
+    :func:`.build.build_shard`), which loads the model, opens the index and writes one shard directory; ``options``
+    travels to the workers pickled, so it holds plain values. Ray retries a task up to ``max_retries`` times, and a
+    retry resumes the shard's ``.partial`` build where the failed attempt committed it.
 
     Raises:
         SidecarError: when shards still fail after their retries (the finished ones are kept for a re-run).
     """
     ray = import_ray()
-    from tqdm import tqdm
-
-    from .build import build_shard
-
     if not plan.todo:
         return []
     started_here = not ray.is_initialized()
@@ -60,9 +55,9 @@ def build_shards_on_ray(args: argparse.Namespace, plan: "ShardPlan", *, address:
     elif address:
         logger.warning("Ray is already initialized in this process; ignoring --address %s", address)
     try:
-        task = ray.remote(shard_task or build_shard).options(
+        task = ray.remote(shard_task).options(
             num_cpus=cpus_per_task, max_retries=max_retries, retry_exceptions=True, name="sidecar-shard")
-        shard_of = {task.remote(args, shard, str(plan.paths[shard]), plan.build_id): shard for shard in plan.todo}
+        shard_of = {task.remote(options, shard, str(plan.paths[shard]), plan.build_id): shard for shard in plan.todo}
         failures: dict[int, BaseException] = {}
         with tqdm(total=len(shard_of), unit="shard", desc=f"sidecar {plan.output.name} on Ray") as bar:
             remaining = list(shard_of)

@@ -9,11 +9,13 @@ import logging
 import mmap
 import os
 import warnings
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .codecs import codec_from_manifest
 from .format import (
     CODEC,
     CODEC_PARAMETER_DTYPE,
@@ -135,8 +137,6 @@ class SidecarReader(ManifestMetadata):
         """The trained :class:`~.codecs.TokenCodec` of a compressed sidecar (faiss is loaded on first use), or
         ``None``."""
         if self._codec is None and self.manifest.compressed:
-            from .codecs import codec_from_manifest
-
             parameters = np.asarray(self._array(CODEC), dtype=CODEC_PARAMETER_DTYPE)
             self._codec = codec_from_manifest(self.manifest.codec, self.dim, parameters,
                                               source=str(self.path / CODEC))
@@ -199,9 +199,9 @@ class SidecarReader(ManifestMetadata):
             return (np.asarray(stored, dtype=np.uint32) << 16).view(np.float32)
         return np.asarray(stored)
 
-    def get_batch(self, rows: Sequence[int] | np.ndarray, device: "str | torch.device" = "cpu",
-                  dtype: "torch.dtype | str | None" = "float32", buffer: "BatchBuffer | None" = None,
-                  heads: int | None = None) -> tuple["torch.Tensor", "torch.Tensor"]:
+    def get_batch(self, rows: Sequence[int] | np.ndarray, device: str | torch.device = "cpu",
+                  dtype: torch.dtype | str | None = "float32", buffer: BatchBuffer | None = None,
+                  heads: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Zero-padded vectors of ``rows`` (any order, repeats allowed) for scoring.
 
         Args:
@@ -224,7 +224,7 @@ class SidecarReader(ManifestMetadata):
         import torch
 
         rows = self._check_rows(rows)
-        _check_heads(heads, self.dim)
+        check_heads(heads, self.dim)
         starts = np.asarray(self.offsets[rows])
         lengths = np.asarray(self.offsets[rows + 1]) - starts
         max_len = int(lengths.max()) if len(rows) else 0
@@ -236,7 +236,7 @@ class SidecarReader(ManifestMetadata):
         else:
             padded = self._gather_padded(starts, lengths, max_len, buffer, heads)
         docs = padded.to(device)
-        target = None if dtype is None else _torch_dtype(dtype)
+        target = None if dtype is None else torch_dtype(dtype)
         if target is not None and target != docs.dtype:
             if buffer is not None and docs.device.type == "cpu":
                 docs = buffer.take("converted", docs.shape, target).copy_(docs)
@@ -245,7 +245,7 @@ class SidecarReader(ManifestMetadata):
         return docs, torch.from_numpy(lengths.astype(np.int64)).to(device)
 
     def _gather_padded(self, starts: np.ndarray, lengths: np.ndarray, max_len: int,
-                       buffer: "BatchBuffer | None", heads: int | None = None) -> "torch.Tensor":
+                       buffer: BatchBuffer | None, heads: int | None = None) -> torch.Tensor:
         """``[B, Lmax, width]`` stored rows (bfloat16 as such, codes as uint8) with zeros after each length, or
         ``[B, heads, Lmax, width / heads]`` when ``heads`` is given.
 
@@ -281,7 +281,7 @@ class SidecarReader(ManifestMetadata):
             flat.index_fill_(0, torch.from_numpy(padding), 0)
         return padded
 
-    def _torch_tokens(self) -> "torch.Tensor":
+    def _torch_tokens(self) -> torch.Tensor:
         """``tokens`` as a torch tensor sharing the memmap (bfloat16 bits viewed as bfloat16; never written)."""
         import torch
 
@@ -344,7 +344,7 @@ class SidecarReader(ManifestMetadata):
         """Drop the memmaps (arrays handed out earlier keep their own mapping alive)."""
         self._maps.clear()
 
-    def __enter__(self) -> "SidecarReader":
+    def __enter__(self) -> SidecarReader:
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -369,13 +369,13 @@ class SidecarReader(ManifestMetadata):
         return rows
 
 
-def head_major(docs: "torch.Tensor", heads: int) -> "torch.Tensor":
+def head_major(docs: torch.Tensor, heads: int) -> torch.Tensor:
     """``docs [B, L, dim]`` as ``[B, heads, L, dim / heads]`` (a contiguous copy): what ``get_batch(heads=...)``
     returns, for batches assembled elsewhere (decoded codes, batches spanning shards)."""
     return docs.unflatten(-1, (heads, -1)).transpose(1, 2).contiguous()
 
 
-def _check_heads(heads: int | None, dim: int) -> None:
+def check_heads(heads: int | None, dim: int) -> None:
     if heads is not None and (heads <= 0 or dim % heads):
         raise ValueError(f"cannot split {dim}-wide stored vectors into {heads} equal heads")
 
@@ -389,9 +389,9 @@ class BatchBuffer:
     """
 
     def __init__(self):
-        self._memory: dict[str, "torch.Tensor"] = {}
+        self._memory: dict[str, torch.Tensor] = {}
 
-    def take(self, role: str, shape: tuple[int, ...], dtype: "torch.dtype") -> "torch.Tensor":
+    def take(self, role: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """An uninitialised ``shape`` tensor of ``dtype`` for ``role`` (``stored``, ``converted``), grown on demand."""
         import torch
 
@@ -421,7 +421,7 @@ def _reopen(path: str, expect: dict[str, Any]) -> SidecarReader:
     return SidecarReader(path, **expect)
 
 
-def _torch_dtype(dtype: "torch.dtype | str") -> "torch.dtype":
+def torch_dtype(dtype: torch.dtype | str) -> torch.dtype:
     import torch
 
     if isinstance(dtype, torch.dtype):
@@ -430,14 +430,3 @@ def _torch_dtype(dtype: "torch.dtype | str") -> "torch.dtype":
         raise ValueError(f"dtype must be a torch dtype or one of {_TORCH_DTYPE_NAMES}, not {dtype!r}")
     return getattr(torch, dtype)
 
-
-def open_sidecar(path: str | os.PathLike, **expect: Any) -> SidecarReader:
-    """Open a sidecar: ``open_sidecar(path, expect_model_fingerprint=..., expect_index=..., ...)``.
-
-    A sharded sidecar (see :mod:`.shards`) opens as a :class:`~.shards.ShardedSidecarReader`, which has the same API.
-    """
-    from .shards import ShardedSidecarReader, is_sharded
-
-    if is_sharded(path):
-        return ShardedSidecarReader(path, **expect)  # type: ignore[return-value]  # same API; shares ManifestMetadata, not SidecarReader
-    return SidecarReader(path, **expect)

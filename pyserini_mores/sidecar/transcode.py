@@ -13,14 +13,15 @@ first tokens in row order, as in a build.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
 
 from .format import SidecarExistsError
-from .reader import open_sidecar
+from .sharded_reader import open_sidecar
 from .writer import SidecarWriter
 
 DEFAULT_BATCH_DOCS = 1024

@@ -1,4 +1,5 @@
-"""Full integrity check of a sidecar: sizes, checksums (streamed), offsets and docid tables. Reads every byte once."""
+"""Full integrity check of a sidecar, sharded or not: sizes, checksums (streamed), offsets and docid tables. Reads every
+byte once."""
 from __future__ import annotations
 
 import logging
@@ -12,6 +13,7 @@ from .format import (
     DOCIDS,
     DOCIDS_SORTED,
     DOCIDS_SORTED_ROWS,
+    MANIFEST,
     OFFSETS,
     Manifest,
     SidecarError,
@@ -21,6 +23,7 @@ from .format import (
     short_hash,
     size_problems,
 )
+from .shards import coverage_problems, entry_problem, is_sharded, read_sharded_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +37,6 @@ def verify_sidecar(path: str | os.PathLike) -> list[str]:
     offsets start at 0, never decrease and end at ``num_tokens``; sorted docids are strictly increasing and map
     back to the row-order docids through ``docids_sorted_rows``.
     """
-    from .shards import is_sharded, verify_sharded
-
     path = Path(path)
     if is_sharded(path):
         return verify_sharded(path)  # every shard, their coverage and that they belong to the build
@@ -111,3 +112,32 @@ def _docid_problems(docids: np.ndarray, docids_sorted: np.ndarray, sorted_rows: 
     if not seen.all():
         return [f"{DOCIDS_SORTED_ROWS}: row {int(np.flatnonzero(~seen)[0])} is never referenced"]
     return []
+
+
+def verify_sharded(path: str | os.PathLike) -> list[str]:
+    """Every problem of a sharded sidecar: its manifest, the row coverage, and each shard fully verified (sizes,
+    checksums, offsets, docids) and checked to belong to this build. Problems in a shard are prefixed by its path."""
+    path = Path(path)
+    try:
+        check_directory(path)
+        manifest = read_sharded_manifest(path)
+    except SidecarError as error:
+        return [str(error)]
+    entries = manifest.shards
+    problems = coverage_problems([(entry.path, entry.row_start, entry.row_end) for entry in entries],
+                                 manifest.num_docs)
+    if sum(entry.num_tokens for entry in entries) != manifest.num_tokens:
+        problems.append(f"{MANIFEST}: num_tokens={manifest.num_tokens} but the shards list "
+                        f"{sum(entry.num_tokens for entry in entries)} tokens")
+    for position, entry in enumerate(entries):
+        shard_path = entry.resolve(path)
+        shard_problems = verify_sidecar(shard_path)
+        problems += [f"{shard_path}: {problem}" for problem in shard_problems]
+        if (shard_path / MANIFEST).is_file():
+            try:
+                problem = entry_problem(manifest, path, position, read_manifest(shard_path))
+            except SidecarError:
+                continue  # verify_sidecar reported the unreadable manifest
+            if problem:
+                problems.append(problem)
+    return problems

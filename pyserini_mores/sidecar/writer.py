@@ -13,12 +13,15 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from .. import __version__
+from .._io import fsync_dir, write_json_atomic, write_text_atomic
+from .codecs import CODECS, TokenCodec, codec_from_manifest, is_compressed
 from .format import (
     CHECKSUM_ALGORITHM,
     CODE_DTYPE,
@@ -42,10 +45,8 @@ from .format import (
     SidecarExistsError,
     SidecarMismatchError,
     docid_dtype,
-    fsync_dir,
     json_normalized,
     partial_path,
-    write_json_atomic,
 )
 
 logger = logging.getLogger(__name__)
@@ -315,7 +316,7 @@ class SidecarWriter:
         self._close_files()
         shutil.rmtree(self.partial_path, ignore_errors=True)
 
-    def __enter__(self) -> "SidecarWriter":
+    def __enter__(self) -> SidecarWriter:
         return self
 
     def __exit__(self, exc_type, exc, traceback) -> None:
@@ -356,7 +357,8 @@ class SidecarWriter:
         self._rows_done = 0
         self._num_tokens = 0
         self._hashers = {name: BlockHasher(self.block_bytes) for name in _GROWING_FILES}
-        self._files = {name: open(self.partial_path / name, "wb") for name in _GROWING_FILES}
+        # Open for the writer's lifetime (closed by close() or finalize()), not one block.
+        self._files = {name: open(self.partial_path / name, "wb") for name in _GROWING_FILES}  # noqa: SIM115
         self._append(OFFSETS, np.zeros(1, dtype=INDEX_DTYPE))
         self.commit()
 
@@ -419,7 +421,7 @@ class SidecarWriter:
             self._logged_blocks[name] = len(hasher.block_digests)
         self._rows_done, self._num_tokens = rows, tokens
         self.build_info = {**state.get("build", {}), **self.build_info}
-        self._files = {name: open(self.partial_path / name, "ab") for name in _GROWING_FILES}
+        self._files = {name: open(self.partial_path / name, "ab") for name in _GROWING_FILES}  # noqa: SIM115
         logger.info("resuming sidecar build %s at row %d of %d", self.partial_path, rows, self.num_docs)
 
     # ---- the codec ---------------------------------------------------------------------------------------------
@@ -444,8 +446,6 @@ class SidecarWriter:
             self._write_rows(lengths, self._codec.encode(tokens))
 
     def _load_codec_file(self) -> None:
-        from .codecs import codec_from_manifest
-
         entry, file = self._static_files.get(CODEC), self.partial_path / CODEC
         if entry is None or not file.exists() or file.stat().st_size != entry["bytes"]:
             raise SidecarCorruptError(f"cannot resume {self.partial_path}: rows were written with a codec whose "
@@ -520,8 +520,6 @@ def _raise_if_disk_full(error: BaseException, file: Path, partial: Path) -> None
 
 def _make_codec(name: str | None, dim: int, options: Mapping[str, Any] | None):
     """The untrained codec ``name`` (``None`` for the identity ``fp16``); faiss is imported only for a real one."""
-    from .codecs import CODECS, TokenCodec, is_compressed
-
     if name is not None and name not in CODECS:
         raise ValueError(f"codec must be one of {', '.join(CODECS)}, not {name!r}")
     if not is_compressed(name):
@@ -602,12 +600,7 @@ def _read_block_log(file: Path) -> list[bytes]:
 
 
 def _write_block_log(file: Path, digests: list[bytes]) -> None:
-    tmp = file.with_name(file.name + ".tmp")
-    with open(tmp, "w", encoding="ascii") as out:
-        out.write("".join(digest.hex() + "\n" for digest in digests))
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, file)
+    write_text_atomic(file, "".join(digest.hex() + "\n" for digest in digests))
 
 
 def _to_storage(reps: Sequence[Any], dim: int, dtype: str, first_row: int) -> tuple[np.ndarray, np.ndarray]:

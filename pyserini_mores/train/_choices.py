@@ -1,7 +1,12 @@
 """The names the training commands accept, importable without torch (so ``--help`` answers instantly)."""
 from __future__ import annotations
 
+from ..models.registry import MODEL_TYPES
+
 LOSSES = ("pointwise", "pairwise", "listwise", "distill")
+#: ``all``, or a module group a model declares (:attr:`~pyserini_mores.models.base.RankingModel.trainable_module_groups`:
+#: MORES's adapt-interaction and adapt-representation)
 TRAIN_MODULES = ("all", "interaction", "representation")
 SCHEDULERS = ("linear", "constant", "cosine")
-MODEL_TYPES = ("cross-encoder", "maxsim", "mores", "prettr", "tk")  # pyserini_mores.models.MODEL_CLASSES keys
+
+__all__ = ["LOSSES", "MODEL_TYPES", "SCHEDULERS", "TRAIN_MODULES"]

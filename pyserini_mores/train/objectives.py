@@ -1,5 +1,7 @@
-"""What is optimised: the loss of a collated batch for each loss type, which parameters train (MORES's
-adapt-interaction / adapt-representation) and the optimiser's parameter groups (per-model learning rates).
+"""What is optimised: the loss of a collated batch for each loss type, which parameters train (a model's module
+groups, e.g. MORES's adapt-interaction / adapt-representation) and the optimiser's parameter groups (the model's new
+layers at their own learning rate). What differs between models is declared by each model class
+(:class:`~pyserini_mores.models.base.RankingModel`).
 
 :class:`RankingObjective` wraps a :class:`~pyserini_mores.models.base.RankingModel` as a module whose ``forward``
 takes a :class:`~.data.GroupCollator` batch and returns ``{"loss": ...}`` — the shape transformers' ``Trainer``
@@ -16,19 +18,6 @@ from ..models.losses import (listwise_distillation, listwise_softmax_cross_entro
                              pointwise_cross_entropy, ranking_scores)
 from ._choices import LOSSES, TRAIN_MODULES
 
-#: model type → parameter-name prefixes of the newly initialised score head (``head_lr`` applies to them)
-HEAD_PREFIXES = {
-    "mores": ("interaction_module.head.",),
-    "cross-encoder": ("head.",),
-    "prettr": ("head.",),
-}
-
-#: MORES modules trained by ``--train-modules`` (the paper's domain adaptation, SEEDS-SPEC §1.4)
-MORES_MODULES = {
-    "interaction": ("interaction_module.",),
-    "representation": ("document_module.", "query_module."),
-}
-
 
 #: why the ``distill`` loss refuses unscored triples, and the command that scores them
 UNSCORED_TRIPLES = ("the distill loss needs scored triples (a teacher's scores in fields 4 and 5): write them with "
@@ -39,18 +28,17 @@ def ranking_loss(model: nn.Module, batch: dict, loss: str = "pointwise", margin:
                  temperature: float = 1.0) -> torch.Tensor:
     """Scalar loss of one collated batch (``G`` groups of ``1 + k`` pairs, positive first).
 
-    * ``pointwise`` — every pair is a labelled example: 2-class CE on ``forward_logits`` where the model has it
-      (MORES, cross-encoder: the MORES paper's loss), binary CE on the ranking score otherwise (the same value for a
-      2-logit head whose score is the logit difference, e.g. PreTTR).
+    * ``pointwise`` — every pair is a labelled example: 2-class CE on the model's ``forward_logits`` where it has a
+      classification head (MORES, cross-encoder: the MORES paper's loss), binary CE on the ranking score otherwise
+      (the same value for a 2-logit head whose score is the logit difference, e.g. PreTTR).
     * ``pairwise`` — hinge ``max(0, margin − s⁺ + s⁻)`` over every (positive, negative) of a group (TK, EARL).
     * ``listwise`` — softmax CE over each group's ``1 + k`` scores; with one negative this is PreTTR's pairwise
       softmax loss ``−log softmax([s⁺, s⁻])[0]``.
     * ``distill`` — softmax CE against ``softmax(teacher_scores / temperature)`` of each group (scored triples).
     """
     query_batch, doc_batch = batch["query_batch"], batch["doc_batch"]
-    forward_logits = getattr(model, "forward_logits", None)
-    if loss == "pointwise" and forward_logits is not None:
-        outputs = forward_logits(query_batch, doc_batch)
+    if loss == "pointwise":
+        outputs = model.forward_logits(query_batch, doc_batch)
     else:
         outputs = model(query_batch, doc_batch)
     return loss_of_outputs(outputs, batch["labels"], batch["group_size"], loss, margin,
@@ -137,24 +125,26 @@ def mean_loss(model: nn.Module, groups: Sequence, loss: str = "pointwise", margi
 def select_trainable(model: nn.Module, train_modules: str = "all", freeze_embeddings: bool = False) -> list[str]:
     """Freeze every parameter outside ``train_modules`` and return the names of those left trainable.
 
-    ``all`` keeps the model's own choices (e.g. TK's frozen borrowed embeddings). ``interaction`` /
-    ``representation`` are MORES's adapt-interaction (only the interaction blocks and head train) and
-    adapt-representation (only the document and query modules — tied layers included — train).
+    ``all`` keeps the model's own choices (e.g. TK's frozen borrowed embeddings); any other name is one of the
+    model's :attr:`~pyserini_mores.models.base.RankingModel.trainable_module_groups` — for MORES ``interaction``
+    (adapt-interaction: only the interaction blocks and head train) and ``representation`` (adapt-representation:
+    only the document and query modules — tied layers included — train).
     ``freeze_embeddings`` also freezes every embedding table (and its LayerNorm): half of a MiniLM's weights, so a
     model trained that way differs from its backbone only in its layers and can ship as a small delta
     (:func:`pyserini_mores.models.delta.save_delta`).
 
     Raises:
-        ValueError: for ``interaction``/``representation`` on a model that has no such modules.
+        ValueError: for a module group the model does not have.
     """
     if train_modules not in TRAIN_MODULES:
         raise ValueError(f"unknown train_modules '{train_modules}'; choose from {', '.join(TRAIN_MODULES)}")
     if train_modules != "all":
-        model_type = getattr(model, "model_type", type(model).__name__)
-        if model_type != "mores":
+        groups = getattr(model, "trainable_module_groups", {})
+        if train_modules not in groups:
+            model_type = getattr(model, "model_type", type(model).__name__)
             raise ValueError(f"--train-modules {train_modules} is MORES's adapt-{train_modules}; a '{model_type}' "
                              "model has no separate representation and interaction modules")
-        prefixes = MORES_MODULES[train_modules]
+        prefixes = groups[train_modules]
         for name, parameter in model.named_parameters():
             if not name.startswith(prefixes):
                 parameter.requires_grad_(False)
@@ -186,21 +176,13 @@ def parameter_groups(model: nn.Module, lr: float, head_lr: float | None = None,
                      weight_decay: float = 0.0) -> list[dict]:
     """Optimiser parameter groups over the trainable parameters.
 
-    ``head_lr`` (when set) is the learning rate of the new layers: the score head of MORES/cross-encoder/PreTTR
+    ``head_lr`` (when set) is the learning rate of the model's new layers
+    (:attr:`~pyserini_mores.models.base.RankingModel.new_parameters`): the score head of MORES/cross-encoder/PreTTR
     (PreTTR P4: 1e-3 for ``W_combine``), TK's kernel-scoring weights (§4.3: 1e-3, ``lr`` then being the
-    embeddings'/contextualiser's 1e-4). Weight decay, when non-zero, skips biases and norms (1-D tensors), as
-    transformers' Trainer does.
+    embeddings'/contextualiser's 1e-4); the model makes the groups (``optimizer_groups``). Weight decay, when
+    non-zero, skips biases and norms (1-D tensors), as transformers' Trainer does.
     """
-    model_type = getattr(model, "model_type", None)
-    if model_type == "tk" and hasattr(model, "parameter_groups"):
-        groups = model.parameter_groups(contextualizer_lr=lr, scoring_lr=head_lr if head_lr is not None else lr)
-    else:
-        prefixes = HEAD_PREFIXES.get(model_type, ())
-        body, head = [], []
-        for name, parameter in model.named_parameters():
-            if parameter.requires_grad:
-                (head if head_lr is not None and prefixes and name.startswith(prefixes) else body).append(parameter)
-        groups = [{"params": body, "lr": lr}, {"params": head, "lr": head_lr}]
+    groups = model.optimizer_groups(lr, head_lr)
     if weight_decay:
         split = []
         for group in groups:

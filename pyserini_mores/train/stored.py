@@ -152,8 +152,8 @@ class StoredGroupCollator:
 
 class StoredRankingObjective(nn.Module):
     """``forward(**batch) → {"loss"}`` of a :class:`StoredGroupCollator` batch, scored exactly as the reranker
-    scores: ``encode_query`` and ``score`` (or MORES's ``score_logits`` for the pointwise loss) against the groups'
-    stored documents.
+    scores: ``encode_query`` and ``score`` (``score_logits`` for the pointwise loss: MORES's head logits) against the
+    groups' stored documents.
 
     Every group's query is encoded in one call and its state repeated for the group's candidates, so that the whole
     batch is one ``score`` call: the query states of a batch-B ``score`` may be per candidate (every model accepts a
@@ -170,8 +170,7 @@ class StoredRankingObjective(nn.Module):
 
     def forward(self, query_batch: dict, docs: torch.Tensor, lengths: torch.Tensor, labels: torch.Tensor,
                 group_size: int, teacher_scores: torch.Tensor | None = None) -> dict:
-        score = getattr(self.model, "score_logits", None) if self.loss == "pointwise" else None
-        score = score or self.model.score
+        score = self.model.score_logits if self.loss == "pointwise" else self.model.score
         state = per_candidate(self.model.encode_query(query_batch), group_size)
         return {"loss": loss_of_outputs(score(state, docs, lengths), labels, group_size, self.loss, self.margin,
                                         teacher_scores, self.temperature)}

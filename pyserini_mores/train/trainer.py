@@ -38,8 +38,10 @@ from typing import Callable
 
 import torch
 
+from .._io import copy_file_atomic
 from ..models import RankingModel, load_model, model_class
 from ..models.base import CONFIG_NAME, WEIGHTS_NAME
+from ..models.registry import ModelTable
 from ._choices import LOSSES, SCHEDULERS, TRAIN_MODULES
 from .data import GroupCollator, TrainingGroup, load_groups, with_batch_negatives
 from .objectives import (UNSCORED_TRIPLES, RankingObjective, batch_to_device, count_parameters, parameter_groups,
@@ -53,10 +55,8 @@ CHECKPOINT_PREFIX = "checkpoint-"
 STATE_NAME = "trainer_state.json"
 ARGS_NAME = "training_args.json"
 SUMMARY_NAME = "training_summary.json"
-#: each paper's loss: MORES pointwise CE (A1) and its BERT baseline trained alike, PreTTR pairwise softmax (= listwise
-#: with one negative), TK pairwise hinge; the MaxSim test model trains like PreTTR
-DEFAULT_LOSSES = {"mores": "pointwise", "cross-encoder": "pointwise", "prettr": "listwise", "tk": "pairwise",
-                  "maxsim": "listwise"}
+#: model type → the loss it trains with unless told otherwise (each model's own ``default_loss``)
+DEFAULT_LOSSES = ModelTable(lambda model: model.default_loss)
 #: settings that change the trajectory of a run; --resume refuses to continue with different values
 RESUME_MUST_MATCH = ("model_type", "init", "triples", "loss", "model_args", "train_modules", "batch_size",
                      "grad_accum", "lr", "head_lr", "dropout", "weight_decay", "warmup_steps", "scheduler", "margin",
@@ -331,9 +331,7 @@ def _export_model(source_dir: Path, output: Path) -> None:
     for path in files:
         if path.suffix in (".pt", ".pth") or path.name == STATE_NAME:
             continue
-        tmp = output / f".{path.name}.tmp"
-        shutil.copyfile(path, tmp)
-        os.replace(tmp, output / path.name)
+        copy_file_atomic(path, output / path.name)
 
 
 def progress_interval() -> float:

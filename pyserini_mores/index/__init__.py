@@ -1,16 +1,18 @@
 """Lucene indexes through Pyserini: resolve a path or prebuilt name, build small indexes, read stored text, and
-compute the identity a sidecar is bound to."""
+compute the identity a sidecar is bound to. ``python -m pyserini_mores.index`` (:mod:`.__main__`) builds one."""
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
 import os
+import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
-from ._jvm import ensure_jvm, import_pyserini
+from .._jvm import ensure_jvm, import_pyserini
+from ..formats import read_collection
 
 logger = logging.getLogger(__name__)
 
@@ -209,10 +211,6 @@ def index_collection(collection: str | os.PathLike, index_dir: str | os.PathLike
     Raises:
         FileExistsError: ``index_dir`` already exists.
     """
-    import shutil
-
-    from .formats import read_collection
-
     index_dir = Path(index_dir)
     if index_dir.exists():
         raise FileExistsError(f"{index_dir} already exists; remove it or choose another --index")
@@ -231,31 +229,3 @@ def index_collection(collection: str | os.PathLike, index_dir: str | os.PathLike
     logger.info("indexed %d documents into %s", count, index_dir)
     return index_dir
 
-
-def build_parser():
-    """``python -m pyserini_mores.index --collection FILE --index DIR``: Pyserini's indexer with the JVM set up."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m pyserini_mores.index", description=build_parser.__doc__)
-    parser.add_argument("--collection", required=True, help="MS MARCO collection.tsv, JSONL, or a JsonCollection "
-                                                            "directory (optionally gzipped)")
-    parser.add_argument("--index", required=True, help="index directory to create")
-    parser.add_argument("--threads", type=int, default=1)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    from ._cli import setup_logging
-
-    args = build_parser().parse_args(argv)
-    setup_logging()
-    try:
-        path = index_collection(args.collection, args.index, threads=args.threads)
-    except (FileNotFoundError, FileExistsError, ValueError) as error:
-        raise SystemExit(f"error: {error}") from None
-    print(f"index written to {path}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,16 +1,24 @@
-"""The embedded default: a slice of debian-packages shipped with the package, indexed and encoded into a cache
-directory on first use, so `python -m pyserini_mores.search` works offline with no arguments."""
+"""The bundled sample behind the embedded default: a slice of debian-packages shipped with the package, indexed and
+encoded into a cache directory on first use, so `python -m pyserini_mores.search` works offline with no arguments."""
 from __future__ import annotations
 
 import gzip
 import hashlib
+import json
 import logging
 import os
-import shutil
 import tempfile
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+
+from .._io import write_bytes_atomic
+from ..cache import cache_root
+from ..formats import read_collection
+from ..index import build_lucene_index, open_searcher
+from ..sidecar import default_sidecar_path
+from ..sidecar.build import build_sidecar
+from .searcher import RerankingSearcher
 
 logger = logging.getLogger(__name__)
 
@@ -33,15 +41,8 @@ def sample_dir() -> Path:
     return Path(str(resources.files("pyserini_mores") / "resources" / "sample"))
 
 
-def cache_root() -> Path:
-    custom = os.environ.get("PYSERINI_MORES_CACHE")
-    return Path(custom) if custom else Path.home() / ".cache" / "pyserini_mores"
-
-
 def prepare_sample(cache: Path | None = None) -> EmbeddedSample:
     """Unpack the sample and build its Lucene index once; later calls reuse them (keyed by the sample's hash)."""
-    from ..index import build_lucene_index
-
     source = sample_dir()
     collection = source / "collection.tsv.gz"
     if not collection.is_file():
@@ -52,7 +53,7 @@ def prepare_sample(cache: Path | None = None) -> EmbeddedSample:
     topics, qrels = cache / "queries.dev.tsv", cache / "qrels.dev.txt"
     for name, target in (("queries.dev.tsv.gz", topics), ("qrels.dev.txt.gz", qrels)):
         if not target.is_file():
-            _atomic_write_bytes(target, gzip.decompress((source / name).read_bytes()))
+            write_bytes_atomic(target, gzip.decompress((source / name).read_bytes()))
     index = cache / "index"
     if not index.is_dir():
         logger.warning("first run: indexing the embedded sample into %s", index)
@@ -66,19 +67,9 @@ def prepare_sample(cache: Path | None = None) -> EmbeddedSample:
 
 
 def _tsv_to_jsonl(tsv_gz: Path, jsonl: Path) -> None:
-    import json
-
-    from ..formats import read_collection
-
     with open(jsonl, "w", encoding="utf-8") as out:
         for docid, text in read_collection(tsv_gz):
             out.write(json.dumps({"id": docid, "contents": text}) + "\n")
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def ensure_sample_sidecar(sample: EmbeddedSample, reranker, precision: str = "bf16") -> Path:
@@ -87,10 +78,6 @@ def ensure_sample_sidecar(sample: EmbeddedSample, reranker, precision: str = "bf
     Encoded under bf16 autocast by default: ~10x faster on CPUs with AMX/AVX-512, which makes the first run
     minutes shorter; the stored vectors are float16 either way.
     """
-    from ..index import open_searcher
-    from ..sidecar.build import build_sidecar
-    from .searcher import default_sidecar_path
-
     model = reranker.model
     path = default_sidecar_path(sample.index, reranker.name, model)
     if not path.exists():
@@ -106,15 +93,9 @@ def ensure_sample_sidecar(sample: EmbeddedSample, reranker, precision: str = "bf
 
 def sample_searcher(sample: EmbeddedSample, reranker: str, **searcher_kwargs):
     """A :class:`RerankingSearcher` over the sample whose learned reranker reads its sidecar, built on first use."""
-    from .searcher import RerankingSearcher
-
     searcher = RerankingSearcher(sample.index, reranker, sidecar=None, **searcher_kwargs)
     model = getattr(searcher.reranker, "model", None)
     if model is not None and model.store_width is not None:
         ensure_sample_sidecar(sample, searcher.reranker)
         searcher.attach_sidecar("auto", required=True)
     return searcher
-
-
-def clear_cache(cache: Path | None = None) -> None:
-    shutil.rmtree(cache or cache_root(), ignore_errors=True)

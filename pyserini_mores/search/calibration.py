@@ -2,11 +2,12 @@
 deepest rerank depth whose predicted cost fits a per-query budget (the TK paper's setting: under a fixed latency, a
 faster reranker can rerank deeper and win).
 
-What is timed is the rerank stage of :class:`~.searcher.RerankingSearcher` for one query, exactly the code a search
-runs: fetching document text from Lucene (only for rerankers that score text), encoding the query, reading the
-candidates' stored representations from the sidecar, scoring them in batches, and sorting. BM25 retrieval is *not*
-timed and not part of the budget: it costs every reranker the same, and Pyserini runs it for many queries at once on
-several threads, so it has no well-defined per-query share.
+What is timed is the rerank stage of :class:`~.searcher.RerankingSearcher` for one query
+(:meth:`~.searcher.RerankingSearcher.rerank_candidates`), exactly the code a search runs: fetching document text from
+Lucene (only for rerankers that score text), encoding the query, reading the candidates' stored representations from
+the sidecar, scoring them in batches, and sorting. BM25 retrieval is *not* timed and not part of the budget: it costs
+every reranker the same, and Pyserini runs it for many queries at once on several threads, so it has no well-defined
+per-query share.
 
 The cost model is linear, ``fixed_ms + per_candidate_ms * n`` for ``n >= 1`` candidates (and 0 for none), fitted by
 least squares to the median time of several sizes ``n``, after a warm-up.
@@ -24,9 +25,17 @@ import re
 import socket
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+
+import torch
+
+from .._io import write_json_atomic
+from ..cache import cache_root
+from ..index import document_text, index_identity
+from ..types import RerankedHit
 
 logger = logging.getLogger(__name__)
 
@@ -154,8 +163,6 @@ def _fit_line(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
 
 def calibration_cache_dir() -> Path:
     """``$PYSERINI_MORES_CACHE/calibration``, else ``~/.cache/pyserini_mores/calibration``."""
-    from .embedded import cache_root
-
     return cache_root() / "calibration"
 
 
@@ -175,10 +182,6 @@ def calibration_key(searcher) -> dict[str, Any]:
     """Everything a searcher's rerank cost depends on: the reranker and its model (whole-model fingerprint),
     where documents come from (sidecar dtype and width, or text), precision, batch size, torch threads and version,
     the machine, and the index (its documents' lengths)."""
-    import torch
-
-    from ..index import index_identity
-
     reranker = searcher.reranker
     model = getattr(reranker, "model", None)
     sidecar = getattr(reranker, "sidecar", None)
@@ -246,15 +249,8 @@ def calibrate(searcher, *, recalibrate: bool = False, cache_dir: str | os.PathLi
         logger.warning("calibration of %s is noisy: %s does not fit the medians (%s) within %.0f%%; other load "
                        "on this machine skews timings; recalibrate when it is quiet", key["reranker"],
                        calibration.describe(), measured, NOISY_FIT * 100)
-    _write_json_atomically(path, calibration.to_dict())
+    write_json_atomic(path, calibration.to_dict(), sort_keys=True)
     return calibration
-
-
-def _write_json_atomically(path: Path, values: dict) -> None:
-    from ..formats import atomic_writer
-
-    with atomic_writer(path) as stream:
-        stream.write(json.dumps(values, indent=2, sort_keys=True) + "\n")
 
 
 # ------------------------------------------------------------------------------------------------ measurement
@@ -270,8 +266,6 @@ def calibration_sizes(max_candidates: int) -> list[int]:
 def calibration_queries(searcher, count: int) -> list[str]:
     """``count`` queries made of the first words of documents at evenly spaced rows of the index: deterministic,
     available for any index, and with BM25 candidates that resemble a real query's."""
-    from ..index import document_text
-
     num_docs = searcher.num_docs
     queries = []
     for i in range(min(count, num_docs)):
@@ -283,8 +277,6 @@ def calibration_queries(searcher, count: int) -> list[str]:
 
 def calibration_candidates(searcher, query: str, count: int) -> list:
     """The BM25 top ``count`` for ``query``, topped up with other documents when BM25 finds fewer."""
-    from ..types import RerankedHit
-
     hits = [RerankedHit(hit.docid, float(hit.score), int(hit.lucene_docid))
             for hit in searcher.searcher.search(query, k=count)]
     seen = {hit.lucene_docid for hit in hits}
@@ -308,7 +300,7 @@ def measure_costs(searcher, queries: list[str], sizes: list[int], *, repeats: in
     if not sizes or not queries:
         return []
     candidates = {query: calibration_candidates(searcher, query, max(sizes)) for query in queries}
-    searcher._rerank_head(queries[0], candidates[queries[0]][:min(max(sizes), 250)])
+    searcher.rerank_candidates(queries[0], candidates[queries[0]][:min(max(sizes), 250)])
     timings: dict[int, list[float]] = {}
     started = time.perf_counter()
     for round_index in range(max(repeats, 1)):
@@ -324,6 +316,6 @@ def measure_costs(searcher, queries: list[str], sizes: list[int], *, repeats: in
             for query in queries:
                 head = candidates[query][:size]
                 begin = time.perf_counter()
-                searcher._rerank_head(query, head)
+                searcher.rerank_candidates(query, head)
                 timings.setdefault(size, []).append((time.perf_counter() - begin) * 1000)
     return [(size, statistics.median(values)) for size, values in timings.items()]

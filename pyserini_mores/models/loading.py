@@ -1,0 +1,118 @@
+"""Where a model comes from: a checkpoint directory (full, or a delta over its backbone), a model shipped inside the
+package, or a new model built from a backbone — which may itself be a trained cross-encoder or MaxSim checkpoint."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from torch import nn
+
+from .backbones import OFFLINE_MINILM_NAMES, load_backbone
+from .base import CONFIG_NAME, RankingModel
+from .delta import is_delta_checkpoint, load_delta
+from .registry import MODEL_CLASSES, model_class
+
+#: trained models shipped inside the package (as deltas over the bundled MiniLM), loadable by directory name
+SHIPPED_MODELS_DIR = Path(__file__).resolve().parents[1] / "resources" / "models"
+
+
+def load_model(model_type: str, name_or_path: str | os.PathLike, **overrides) -> RankingModel:
+    """A trained checkpoint directory of ``model_type`` (full, or a delta over its backbone — see :mod:`.delta`),
+    or a new model initialised from a backbone name/dir (:meth:`RankingModel.initialised`).
+
+    ``overrides`` go to the config (e.g. ``reuse='s2'`` for MORES).
+    """
+    cls = model_class(model_type)
+    model = None
+    name_or_path = shipped_model_path(name_or_path) or name_or_path
+    directory = Path(name_or_path)
+    if directory.is_dir() and not (directory / CONFIG_NAME).is_file() \
+            and str(name_or_path).lower() not in OFFLINE_MINILM_NAMES:
+        # Neither a checkpoint nor an HF backbone directory: say so, rather than transformers' "no model_type".
+        raise FileNotFoundError(f"{directory} has no config.json: it is neither a pyserini_mores checkpoint nor a "
+                                "Hugging Face model directory")
+    if (directory / CONFIG_NAME).is_file():
+        values = json.loads((directory / CONFIG_NAME).read_text())
+        stored_type = values.get("model_type")
+        if stored_type == model_type and "architectures" not in values:
+            model = (load_delta(cls, name_or_path, **overrides) if is_delta_checkpoint(name_or_path)
+                     else cls.from_pretrained(name_or_path, **overrides))
+        elif stored_type in MODEL_CLASSES and not (
+                model_class(stored_type).encoder_is_a_backbone and cls.starts_from_rankers):
+            raise ValueError(f"{name_or_path} holds a '{stored_type}' checkpoint, not a '{model_type}' one")
+    if model is None:
+        model = cls.initialised(name_or_path, **overrides)
+    # Remembered so that commands can tell the user how to rebuild what this model needs (e.g. its sidecar).
+    model.source, model.source_overrides = str(name_or_path), dict(overrides)
+    return model
+
+
+def trained_ranker(name_or_path: str | os.PathLike, model_types: tuple[str, ...] | None = None):
+    """The trained model saved at ``name_or_path`` when it is one whose encoder is a backbone
+    (:attr:`~RankingModel.encoder_is_a_backbone`: the cross-encoder, MaxSim) and of ``model_types`` (any such by
+    default), else ``None``.
+
+    A BERT already fine-tuned for ranking is a backbone like any other, and a far better start for the models that
+    split it (MORES, PreTTR) when training data is small: they begin from a ranker instead of a sentence encoder.
+    A MaxSim encoder's token states were trained to be matched by query tokens one by one, which is what MORES's
+    cross-attention reads from the sidecar (its projection, if any, is not part of the backbone).
+    """
+    config_path = Path(name_or_path) / CONFIG_NAME
+    if not config_path.is_file():
+        return None
+    values = json.loads(config_path.read_text())
+    stored_type = values.get("model_type")
+    if stored_type not in MODEL_CLASSES or "architectures" in values:
+        return None
+    if not model_class(stored_type).encoder_is_a_backbone or (model_types is not None
+                                                               and stored_type not in model_types):
+        return None
+    return load_model(stored_type, name_or_path)
+
+
+def backbone_weights(name_or_path: str | os.PathLike):
+    """``(BertDims, state_dict, tokenizer)`` of a BERT-architecture checkpoint (:func:`.backbones.load_backbone`),
+    or of the encoder of one of our trained cross-encoder or MaxSim checkpoints (see :func:`trained_ranker`).
+
+    Raises:
+        BackboneNotFoundError: when the name is not a directory and the hub cannot provide it (e.g. offline).
+    """
+    ranker = trained_ranker(name_or_path)
+    if ranker is not None:
+        return ranker.config.encoder, ranker.encoder.state_dict(), ranker.tokenizer
+    return load_backbone(name_or_path)
+
+
+def copy_ranker_head(head: nn.Linear, name_or_path: str | os.PathLike, model_type: str) -> None:
+    """Start ``head`` from a trained cross-encoder's when the model was initialised from one (``name_or_path``):
+    the blocks that produce the pooled [CLS] are that cross-encoder's top layers, so its decision function is the
+    best known start.
+
+    Raises:
+        ValueError: the heads differ in shape (set num_labels to match).
+    """
+    ranker = trained_ranker(name_or_path, model_types=("cross-encoder",))
+    if ranker is None:
+        return
+    if head.weight.shape != ranker.head.weight.shape:
+        raise ValueError(f"{name_or_path}: the cross-encoder's head is {tuple(ranker.head.weight.shape)}, "
+                         f"this {model_type} head is {tuple(head.weight.shape)} (set num_labels to match)")
+    head.load_state_dict(ranker.head.state_dict())
+
+
+def shipped_model_path(name: str | os.PathLike) -> Path | None:
+    """The directory of a trained model shipped with the package (e.g. ``debian-tk``), unless ``name`` is a path
+    that exists (a local directory always wins)."""
+    if Path(name).exists() or os.sep in str(name):
+        return None
+    path = SHIPPED_MODELS_DIR / str(name)
+    return path if (path / CONFIG_NAME).is_file() else None
+
+
+def shipped_models() -> list[str]:
+    return sorted(p.name for p in SHIPPED_MODELS_DIR.glob("*") if (p / CONFIG_NAME).is_file())
+
+
+__all__ = ["SHIPPED_MODELS_DIR", "backbone_weights", "copy_ranker_head", "load_model", "shipped_model_path",
+           "shipped_models", "trained_ranker"]

@@ -1,0 +1,215 @@
+"""Reads a sharded sidecar (see :mod:`.shards`) with the :class:`~.reader.SidecarReader` API, and opens any sidecar,
+sharded or not (:func:`open_sidecar`)."""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .format import (
+    MANIFEST,
+    SidecarCorruptError,
+    SidecarMismatchError,
+    SidecarNotFoundError,
+    check_directory,
+    check_expectations,
+)
+from .reader import BatchBuffer, ManifestMetadata, SidecarReader, check_heads, head_major, torch_dtype
+from .shards import coverage_problems, entry_problem, is_sharded, read_sharded_manifest, rows_text
+
+if TYPE_CHECKING:
+    import torch
+
+
+class _ShardReader(SidecarReader):
+    """A shard opened as part of its sharded sidecar (a lone shard is refused: its rows are not Lucene docids)."""
+
+    _part_of_sharded = True
+
+    def __reduce__(self):
+        return (_ShardReader, (str(self.path),))
+
+
+class ShardedSidecarReader(ManifestMetadata):
+    """Read-only access to a sharded sidecar with the :class:`SidecarReader` API: rows are global (Lucene internal
+    docids) and batches may span shards.
+
+    Opening validates the top-level manifest, the row coverage and every shard (exists, finished, of this build,
+    file sizes), then keeps one lazy :class:`SidecarReader` per shard.
+
+    Raises:
+        SidecarNotFoundError: the sidecar or one of its shards is missing (the message names the shard).
+        SidecarMismatchError: other model, index, dtype or dim; a shard of another build or changed since assembly.
+        SidecarCorruptError: unreadable manifests, gaps or overlaps, a shard's file of the wrong size.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, expect_model_fingerprint: str | None = None,
+                 expect_index: Mapping[str, Any] | None = None, expect_dtype: str | None = None,
+                 expect_dim: int | None = None):
+        self.path = Path(path)
+        self._expect = {"expect_model_fingerprint": expect_model_fingerprint, "expect_index": expect_index,
+                        "expect_dtype": expect_dtype, "expect_dim": expect_dim}
+        check_directory(self.path)
+        self.manifest = read_sharded_manifest(self.path)
+        check_expectations(self.manifest, self.path, model_fingerprint=expect_model_fingerprint,
+                           index=expect_index, dtype=expect_dtype, dim=expect_dim)
+        entries = self.manifest.shards
+        problems = coverage_problems([(entry.path, entry.row_start, entry.row_end) for entry in entries],
+                                     self.manifest.num_docs)
+        if problems:
+            raise SidecarCorruptError(f"{self.path / MANIFEST}: {'; '.join(problems)}")
+        self.shards: list[SidecarReader] = [self._open_shard(position) for position in range(len(entries))]
+        self._row_starts = np.array([entry.row_start for entry in entries], dtype=np.int64)
+        self._row_ends = np.array([entry.row_end for entry in entries], dtype=np.int64)
+
+    def _open_shard(self, position: int) -> SidecarReader:
+        entry = self.manifest.shards[position]
+        shard_path = entry.resolve(self.path)
+        where = (f"shard {position} ({rows_text(entry.row_start, entry.row_end)}) of sharded sidecar {self.path}")
+        try:
+            check_directory(shard_path)
+        except SidecarNotFoundError as error:
+            raise SidecarNotFoundError(f"{where} is missing: {error}") from None
+        reader = _ShardReader(shard_path)
+        problem = entry_problem(self.manifest, self.path, position, reader.manifest)
+        if problem:
+            raise SidecarMismatchError(f"{where}: {problem}")
+        return reader
+
+    # ---- metadata (num_docs, num_tokens, dim, dtype, model, index: ManifestMetadata) ---------------------------
+    @property
+    def bytes_per_doc(self) -> float:
+        """Mean bytes of stored vectors per document over every shard."""
+        total = sum(shard.bytes_per_doc * shard.num_docs for shard in self.shards)
+        return total / max(1, self.num_docs)
+
+    # ---- documents by row ----------------------------------------------------------------------------------------
+    def lengths(self, rows: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
+        """``[len(rows)]`` int64 token counts (every row's when ``rows`` is None)."""
+        if rows is None:
+            return np.concatenate([shard.lengths() for shard in self.shards]).astype(np.int64)
+        rows = self._check_rows(rows)
+        lengths = np.empty(len(rows), dtype=np.int64)
+        for shard, where, local in self._split(rows):
+            lengths[where] = shard.lengths(local)
+        return lengths
+
+    def get(self, row: int) -> np.ndarray:
+        """``[len, dim]`` vectors of one document (see :meth:`SidecarReader.get`)."""
+        (shard, _, local), = self._split(self._check_rows([row]))
+        return shard.get(int(local[0]))
+
+    def get_batch(self, rows: Sequence[int] | np.ndarray, device: str | torch.device = "cpu",
+                  dtype: torch.dtype | str | None = "float32", buffer: BatchBuffer | None = None,
+                  heads: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Zero-padded ``docs [B, Lmax, dim]`` (or head-major) and ``lengths [B]`` of ``rows``, exactly as
+        :meth:`SidecarReader.get_batch` gives them for an unsharded sidecar (rows may span shards). ``buffer`` is
+        used when the rows come from one shard (batches spanning shards are assembled in fresh memory)."""
+        import torch
+
+        rows = self._check_rows(rows)
+        check_heads(heads, self.dim)
+        split = self._split(rows)
+        if len(split) == 1:  # every row in one shard, in input order: its batch is already the answer
+            shard, _, local = split[0]
+            return shard.get_batch(local, device, dtype, buffer, heads)
+        parts = [(where, *shard.get_batch(local, dtype=None)) for shard, where, local in split]
+        if not parts:  # no rows: the empty batch of the stored dtype
+            docs, lengths = self.shards[0].get_batch(rows, dtype=None)
+        else:
+            max_len = max(part_docs.shape[1] for _, part_docs, _ in parts)
+            docs = torch.zeros((len(rows), max_len, self.dim), dtype=parts[0][1].dtype)
+            lengths = torch.empty(len(rows), dtype=torch.int64)
+            for where, part_docs, part_lengths in parts:
+                index = torch.from_numpy(where)
+                docs[index, :part_docs.shape[1]] = part_docs
+                lengths[index] = part_lengths
+        if heads is not None:
+            docs = head_major(docs, heads)
+        docs = docs.to(device)
+        if dtype is not None:
+            docs = docs.to(torch_dtype(dtype))
+        return docs, lengths.to(device)
+
+    # ---- docids --------------------------------------------------------------------------------------------------
+    def docid(self, row: int) -> str:
+        (shard, _, local), = self._split(self._check_rows([row]))
+        return shard.docid(int(local[0]))
+
+    def docids(self, rows: Sequence[int] | np.ndarray) -> list[str]:
+        rows = self._check_rows(rows)
+        docids: list[str] = [""] * len(rows)
+        for shard, where, local in self._split(rows):
+            for position, docid in zip(where, shard.docids(local)):
+                docids[position] = docid
+        return docids
+
+    def rows_for_docids(self, docids: Sequence[str]) -> np.ndarray:
+        """``[len(docids)]`` int64 global rows of external docids, -1 for docids in no shard."""
+        docids = list(docids)
+        rows = np.full(len(docids), -1, dtype=np.int64)
+        pending = np.arange(len(docids))
+        for shard, start in zip(self.shards, self._row_starts):
+            if not pending.size:
+                break
+            found = shard.rows_for_docids([docids[i] for i in pending])
+            hit = found >= 0
+            rows[pending[hit]] = found[hit] + start
+            pending = pending[~hit]
+        return rows
+
+    # ---- lifecycle -----------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        for shard in self.shards:
+            shard.close()
+
+    def __enter__(self) -> ShardedSidecarReader:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def __reduce__(self):
+        return (_reopen_sharded, (str(self.path), self._expect))
+
+    def __repr__(self) -> str:
+        return (f"ShardedSidecarReader({str(self.path)!r}, shards={len(self.shards)}, num_docs={self.num_docs}, "
+                f"num_tokens={self.num_tokens}, dim={self.dim}, dtype={self.dtype!r}, "
+                f"model_type={self.model.get('model_type')!r})")
+
+    def _check_rows(self, rows: Sequence[int] | np.ndarray) -> np.ndarray:
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        if rows.size:
+            bad = rows[(rows < 0) | (rows >= self.num_docs)]
+            if bad.size:
+                hint = " (-1 marks a docid that is not in the sidecar)" if bad[0] == -1 else ""
+                raise IndexError(f"row {int(bad[0])} is out of range for sidecar {self.path} with "
+                                 f"{self.num_docs} documents{hint}")
+        return rows
+
+    def _split(self, rows: np.ndarray) -> list[tuple[SidecarReader, np.ndarray, np.ndarray]]:
+        """``(shard reader, positions in rows, shard-local rows)`` for every shard that ``rows`` touch."""
+        # The first shard ending after a row holds it (empty shards end where they start, so they never match).
+        owner = np.searchsorted(self._row_ends, rows, side="right")
+        parts = []
+        for position in np.unique(owner):
+            where = np.flatnonzero(owner == position)
+            parts.append((self.shards[position], where, rows[where] - self._row_starts[position]))
+        return parts
+
+
+def _reopen_sharded(path: str, expect: dict[str, Any]) -> ShardedSidecarReader:
+    return ShardedSidecarReader(path, **expect)
+
+
+def open_sidecar(path: str | os.PathLike, **expect: Any) -> SidecarReader:
+    """Open a sidecar: ``open_sidecar(path, expect_model_fingerprint=..., expect_index=..., ...)``.
+
+    A sharded sidecar (see :mod:`.shards`) opens as a :class:`ShardedSidecarReader`, which has the same API.
+    """
+    if is_sharded(path):
+        return ShardedSidecarReader(path, **expect)  # type: ignore[return-value]  # same API; shares ManifestMetadata, not SidecarReader
+    return SidecarReader(path, **expect)
