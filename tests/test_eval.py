@@ -18,7 +18,7 @@ from pyserini_mores.eval import (
     paired_t_test,
 )
 from pyserini_mores.eval.__main__ import main
-from pyserini_mores.formats import write_run
+from pyserini_mores.formats import results_to_run, write_run
 from pyserini_mores.types import RerankedHit
 
 QRELS = {
@@ -55,8 +55,9 @@ def test_metrics_match_hand_calculation():
 
 def test_mrr_without_cutoff_and_other_metrics():
     result = evaluate(RUN, QRELS, ["MRR", "MRR@11", "P@2", "ndcg_cut_10", "recip_rank", "R@3"])
-    assert result.metrics == ("MRR", "MRR@11", "P@2", "nDCG@10", "R@3")  # recip_rank is MRR
+    assert result.metrics == ("MRR", "MRR@11", "P@2", "nDCG@10", "recip_rank", "R@3")
     assert result.per_query["MRR"] == pytest.approx({"q1": 0.5, "q2": 1 / 11, "q3": 0.0})
+    assert result.per_query["recip_rank"] == result.per_query["MRR"]  # no ties in RUN: the same
     assert result.per_query["MRR@11"]["q2"] == pytest.approx(1 / 11)
     assert result.aggregate["P@2"] == pytest.approx(0.5 / 3)
     assert result.aggregate["nDCG@10"] == pytest.approx(NDCG10_Q1 / 3)
@@ -69,18 +70,70 @@ def test_relevance_level_changes_relevant_documents_and_judged_queries():
     assert result.aggregate == pytest.approx({"MRR@10": 0.25, "MAP": 0.25})
 
 
-def test_ties_are_broken_by_docid_descending_like_trec_eval():
+def test_mrr_breaks_score_ties_by_the_runs_order_and_trec_eval_by_docid():
+    run = {"q": {"a": 1.0, "b": 1.0}}  # equal scores, "a" listed first
+    assert evaluate(run, {"q": {"a": 1}}, ["MRR@10"]).aggregate["MRR@10"] == 1.0
+    assert evaluate(run, {"q": {"b": 1}}, ["MRR@10"]).aggregate["MRR@10"] == 0.5
+    # trec_eval (pytrec_eval, Pyserini's trec_eval) ranks ties by docid, descending: "b" first.
+    assert evaluate(run, {"q": {"b": 1}}, ["recip_rank"]).aggregate["recip_rank"] == 1.0
+    assert evaluate({"q": {"b": 1.0, "a": 1.0}}, {"q": {"b": 1}}, ["MRR@10"]).aggregate["MRR@10"] == 1.0
+    # Scores still come first: a mapping need not be listed in score order.
+    assert evaluate({"q": {"a": 1.0, "b": 2.0}}, {"q": {"b": 1}}, ["MRR@10"]).aggregate["MRR@10"] == 1.0
+
+
+def test_mrr_equals_trec_eval_without_ties_and_recip_rank_is_trec_evals_with_them():
     import pytrec_eval
 
-    assert evaluate({"q": {"a": 1.0, "b": 1.0}}, {"q": {"a": 1}}, ["MRR@10"]).aggregate["MRR@10"] == 0.5
-    assert evaluate({"q": {"a": 1.0, "b": 1.0}}, {"q": {"b": 1}}, ["MRR@10"]).aggregate["MRR@10"] == 1.0
-    # On a random run full of ties, our MRR equals trec_eval's recip_rank query by query.
     rng = np.random.default_rng(7)
-    run = {f"q{q}": {f"d{d}": float(rng.integers(0, 4)) for d in range(30)} for q in range(50)}
-    qrels = {qid: {f"d{d}": 1 for d in rng.choice(30, size=2, replace=False)} for qid in run}
-    ours = evaluate(run, qrels, ["MRR"]).per_query["MRR"]
-    theirs = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"}).evaluate(run)
-    assert ours == pytest.approx({qid: values["recip_rank"] for qid, values in theirs.items()})
+    distinct = {f"q{q}": {f"d{d}": float(score) for d, score in enumerate(rng.permutation(30))} for q in range(50)}
+    tied = {qid: {docid: float(rng.integers(0, 4)) for docid in docs} for qid, docs in distinct.items()}
+    qrels = {qid: {f"d{d}": 1 for d in rng.choice(30, size=2, replace=False)} for qid in distinct}
+    for run, metric in ((distinct, "MRR"), (tied, "recip_rank")):
+        ours = evaluate(run, qrels, [metric]).per_query[metric]
+        theirs = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"}).evaluate(run)
+        assert ours == pytest.approx({qid: values["recip_rank"] for qid, values in theirs.items()})
+
+
+def _write(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def test_mrr_of_a_run_file_follows_its_rank_column(tmp_path):
+    qrels = {"q1": {"d2": 1}}
+    # Both documents score 2.000000; d2 is ranked second. trec_eval's rule would put d2 first (docids descending).
+    trec = _write(tmp_path / "run.trec", ["q1 Q0 d1 1 2.000000 t", "q1 Q0 d2 2 2.000000 t"])
+    assert evaluate(trec, qrels, ["MRR@10"]).aggregate["MRR@10"] == 0.5
+    assert evaluate(trec, qrels, ["recip_rank"]).aggregate["recip_rank"] == 1.0
+    # The rank column, not the line order.
+    shuffled = _write(tmp_path / "shuffled.trec", ["q1 Q0 d2 2 2.000000 t", "q1 Q0 d1 1 2.000000 t"])
+    assert evaluate(shuffled, qrels, ["MRR@10"]).aggregate["MRR@10"] == 0.5
+    msmarco = _write(tmp_path / "run.tsv", ["q1\td2\t2", "q1\td1\t1"])
+    assert evaluate(msmarco, qrels, ["MRR@10"]).aggregate["MRR@10"] == 0.5
+
+
+def test_mrr_cutoff_falls_between_tied_documents_by_rank(tmp_path):
+    # Eleven documents with one score; the relevant "z" is ranked 11th: outside MRR@10 (trec_eval ranks it first).
+    lines = [f"q1 Q0 d{rank:02d} {rank} 1.000000 t" for rank in range(1, 11)] + ["q1 Q0 z 11 1.000000 t"]
+    result = evaluate(_write(tmp_path / "run.trec", lines), {"q1": {"z": 1}}, ["MRR@10", "MRR", "recip_rank"])
+    assert result.aggregate == pytest.approx({"MRR@10": 0.0, "MRR": 1 / 11, "recip_rank": 1.0})
+
+
+def test_mrr_in_memory_equals_mrr_of_the_written_file_when_scores_tie_after_rounding(tmp_path):
+    hits = [RerankedHit("a", 1.0000002), RerankedHit("b", 1.0000001)]  # both written as 1.000000
+    qrels = {"q1": {"a": 1}}
+    path = tmp_path / "run.trec"
+    write_run(path, [("q1", hits)])
+    in_memory = evaluate(results_to_run([("q1", hits)]), qrels, ["MRR@10"]).aggregate["MRR@10"]
+    assert in_memory == evaluate(path, qrels, ["MRR@10"]).aggregate["MRR@10"] == 1.0
+
+
+def test_a_rank_column_that_contradicts_the_scores_is_reported(tmp_path, caplog):
+    path = _write(tmp_path / "run.trec", ["q1 Q0 d1 1 1.000000 t", "q1 Q0 d2 2 5.000000 t"])
+    result = evaluate(path, {"q1": {"d2": 1}}, ["MRR@10", "nDCG@10"])
+    assert result.aggregate["MRR@10"] == 0.5  # by rank; nDCG by score puts d2 first
+    assert result.aggregate["nDCG@10"] == 1.0
+    assert "in 1 queries a document is ranked above one with a higher score" in caplog.text
 
 
 def test_evaluate_reads_files(tmp_path):
@@ -120,25 +173,44 @@ def test_non_inferiority_accepts_a_close_candidate_and_rejects_a_worse_one():
     worse = 0.8 * baseline + rng.normal(0.0, 0.01, size=200)
     accepted = non_inferiority(baseline, close, margin=0.02)
     rejected = non_inferiority(baseline, worse, margin=0.05)
-    assert accepted.non_inferior and accepted.p_value < 1e-6 and accepted.statistic < 0
+    assert accepted.non_inferior and accepted.p_value < 1e-6 and accepted.statistic > 0
     assert accepted.verdict == "non-inferior"
     assert not rejected.non_inferior and rejected.p_value > 0.99
     assert rejected.verdict == "not shown non-inferior"
     assert accepted.num_queries == 200 and accepted.baseline_mean == pytest.approx(baseline.mean())
 
 
-def test_non_inferiority_statistic_by_hand_and_margin_matters():
+def test_non_inferiority_by_hand():
+    """H0: mean(candidate) <= mean(baseline) - delta, delta = margin * mean(baseline), one-sided paired t-test of
+    d = candidate - baseline against -delta: t = (mean(d) + delta) / (sd(d) / sqrt(n)), p = P(T_{n-1} >= t)."""
+    baseline = [0.8, 0.6, 0.4, 0.2]  # mean 0.5
+    # d = [0.1, -0.1, 0.1, -0.1]: mean 0, sd = sqrt(4 * 0.01 / 3), sd / sqrt(4) = sqrt(1 / 300).
+    result = non_inferiority(baseline, [0.9, 0.5, 0.5, 0.1], margin=0.02)
+    assert result.delta == pytest.approx(0.01)
+    assert result.statistic == pytest.approx(0.01 * math.sqrt(300))  # = sqrt(3) / 10
+    assert result.p_value == pytest.approx(stats.t.sf(math.sqrt(3) / 10, df=3))
+    assert not result.non_inferior  # p ≈ 0.44
+    # d = [0, -0.1, 0, -0.1]: mean -0.05, sd = sqrt(4 * 0.0025 / 3), sd / sqrt(4) = sqrt(1 / 1200).
+    candidate = [0.8, 0.5, 0.4, 0.1]
+    for margin, t in ((0.05, (-0.05 + 0.025) * math.sqrt(1200)), (0.2, (-0.05 + 0.1) * math.sqrt(1200))):
+        result = non_inferiority(baseline, candidate, margin=margin)
+        assert result.statistic == pytest.approx(t)  # -sqrt(3) / 2, then sqrt(3)
+        assert result.p_value == pytest.approx(stats.t.sf(t, df=3))
+        d = np.subtract(candidate, baseline)
+        same = stats.ttest_1samp(d, -margin * np.mean(baseline), alternative="greater")
+        assert (result.statistic, result.p_value) == pytest.approx((same.statistic, same.pvalue))
+    # δ is a constant of the baseline mean, not a per-query (1 - margin) * baseline: that test's t differs.
+    per_query = (1 - 0.05) * np.array(baseline) - np.array(candidate)
+    assert abs(non_inferiority(baseline, candidate, margin=0.05).statistic) != pytest.approx(
+        abs(per_query.mean() / (per_query.std(ddof=1) / 2)))
+
+
+def test_non_inferiority_margin_matters():
     rng = np.random.default_rng(1)
     baseline = rng.uniform(0.1, 1.0, size=40)
     candidate = 0.97 * baseline  # loses exactly 3% on every query
-    for margin, expected in ((0.02, False), (0.05, True)):
-        differences = (baseline - candidate) - margin * baseline  # H0: mean ≥ 0
-        assert differences.mean() == pytest.approx((baseline - candidate).mean() - margin * baseline.mean())
-        t = differences.mean() / (differences.std(ddof=1) / math.sqrt(len(differences)))
-        result = non_inferiority(baseline, candidate, margin=margin)
-        assert result.statistic == pytest.approx(t)
-        assert result.p_value == pytest.approx(stats.t.cdf(t, df=len(differences) - 1))
-        assert result.non_inferior is expected
+    assert not non_inferiority(baseline, candidate, margin=0.02).non_inferior
+    assert non_inferiority(baseline, candidate, margin=0.05).non_inferior
 
 
 def test_non_inferiority_pairs_mappings_by_qid():

@@ -245,7 +245,7 @@ def test_bf16_weights_read_the_sidecar_of_the_fp32_model(tiny_index, tiny_maxsim
 
 
 def test_invalid_precision_is_refused(tiny_dims, tokenizer):
-    with pytest.raises(ValueError, match="precision must be one of fp32, bf16, not 'fp16'"):
+    with pytest.raises(ValueError, match="precision must be one of auto, fp32, bf16, not 'fp16'"):
         ModelReranker(_model("mores-s2", tiny_dims, tokenizer), precision="fp16")
 
 

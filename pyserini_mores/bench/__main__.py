@@ -104,10 +104,15 @@ def config_from_args(args: argparse.Namespace):
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .._cli import run_parsed
+
     parser = argparse.ArgumentParser(prog="python -m pyserini_mores.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     define_bench_args(parser)
-    args = parser.parse_args(argv)
+    return run_parsed(parser, lambda args: run_bench(parser, args, argv), argv)
+
+
+def run_bench(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] | None) -> int:
     from .._cli import setup_logging
 
     setup_logging(args.verbose)
@@ -128,11 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     from .runner import run_benchmark
 
     progress = (lambda message: print(message, file=sys.stderr, flush=True)) if args.verbose else None
-    try:
-        report = run_benchmark(config, progress=progress)
-    except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    report = run_benchmark(config, progress=progress)
     report["command"] = ["python", "-m", "pyserini_mores.bench", *(sys.argv[1:] if argv is None else argv)]
     print(format_table(report))
     if args.json:

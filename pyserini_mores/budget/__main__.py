@@ -23,8 +23,9 @@ import argparse
 import logging
 import sys
 
-from .._cli import parse_model_args, setup_logging
+from .._cli import parse_model_args, run_parsed, setup_logging
 from ..formats import write_run
+from ..precision import PRECISION_CHOICES
 from ..search.__main__ import load_qrels, load_topics
 from .sweep import format_markdown, parse_reranker_specs, run_sweep, write_outputs
 
@@ -47,8 +48,9 @@ def define_budget_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-arg", action="append", default=[], metavar="[NAME:]KEY=VALUE",
                         help="model config override, repeatable; with NAME: only for that reranker "
                              "(e.g. --model-arg mores:reuse=s1), without: for every learned reranker")
-    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
-                        help="compute precision of the learned rerankers")
+    parser.add_argument("--precision", choices=PRECISION_CHOICES, default="auto",
+                        help="compute precision of the learned rerankers (auto: bf16 where the hardware runs it "
+                             "natively, fp32 elsewhere)")
     parser.add_argument("--rerank-depth", type=int, default=1000, help="the deepest rerank depth a budget can buy")
     parser.add_argument("--rerank-batch-size", type=int, default=250, help="candidates scored per model batch")
     parser.add_argument("--hits", type=int, default=100, help="hits per query kept for evaluation")
@@ -82,16 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pyserini_mores.budget", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     define_budget_args(parser)
-    args = parser.parse_args(argv)
-    if any(not budget >= 0 for budget in args.budgets):
-        parser.error("--budgets are milliseconds >= 0 (or inf)")
-    setup_logging(args.verbose)
-    try:
+
+    def checked_run(args: argparse.Namespace) -> int:
+        if any(not budget >= 0 for budget in args.budgets):
+            parser.error("--budgets are milliseconds >= 0 (or inf)")
+        setup_logging(args.verbose)
         return run(args, argv)
-    except (FileNotFoundError, ValueError, KeyError) as error:
-        message = error.args[0] if isinstance(error, KeyError) and error.args else error
-        print(f"error: {message}", file=sys.stderr)
-        return 2
+
+    return run_parsed(parser, checked_run, argv)
 
 
 def run(args: argparse.Namespace, argv: list[str] | None) -> int:

@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..formats import atomic_writer, read_qrels, read_run
+from .._cli import run_parsed, setup_logging
+from ..formats import atomic_writer, read_qrels
 from .metrics import (
     DEFAULT_METRICS,
     EvaluationResult,
@@ -111,8 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command; exit status 0, 1 for an unreadable or malformed file, 2 for bad arguments."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    return run_parsed(parser, lambda args: run_eval(parser, args), argv, error_status=1)
+
+
+def run_eval(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    setup_logging(args.verbose)
     try:
         metrics = parse_metrics(args.metrics)
         test_metric = canonical_metric_name(args.test_metric)
@@ -129,13 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     baseline_path = next((path for path in paths if _same_file(args.baseline, path)), None) if args.baseline else None
     evaluated_metrics = metrics + [test_metric] if baseline_path and test_metric not in metrics else metrics
 
-    try:
-        qrels = read_qrels(args.qrels)
-        results = {path: evaluate(read_run(path), qrels, evaluated_metrics, relevance_level=args.relevance_level)
-                   for path in paths}
-    except (OSError, ValueError) as error:  # FormatError is a ValueError
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+    qrels = read_qrels(args.qrels)
+    # Paths, not read runs: MRR ranks by a run file's rank column.
+    results = {path: evaluate(path, qrels, evaluated_metrics, relevance_level=args.relevance_level) for path in paths}
 
     names = _display_names(paths)
     print(format_metrics_table([(names[path], results[path]) for path in paths], [*metrics, "queries"]))
@@ -166,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             "baseline": names[baseline_path] if baseline_path is not None else None,
             "test_metric": test_metric if baseline_path is not None else None,
             "non_inferiority": {
-                names[path]: [{"margin": test.margin, "statistic": _finite(test.statistic),
+                names[path]: [{"margin": test.margin, "delta": test.delta, "statistic": _finite(test.statistic),
                                "p_value": _finite(test.p_value), "non_inferior": test.non_inferior,
                                "baseline_mean": test.baseline_mean, "candidate_mean": test.candidate_mean,
                                "num_queries": test.num_queries} for test in path_tests]

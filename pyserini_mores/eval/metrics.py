@@ -8,13 +8,19 @@ trec_eval), which average over the queries present in both the run and the qrels
 queries would otherwise look better. Unlike ``trec_eval -c``, queries whose judgments are all non-relevant are left
 out, as MS MARCO does.
 
-Ranking: documents are ordered by score, descending, and ties by docid, descending: trec_eval's order, so MRR@10 agrees
-with pytrec_eval's ``recip_rank`` on the top 10. MS MARCO run files carry ranks, not scores; :func:`read_run` turns
-them into ``-rank``, so the official evaluation's file order is kept.
+Ranking: MRR takes each query's documents in the run's own order, as MS MARCO's ``msmarco_eval.py`` does. A run file
+is ranked by its rank column (TREC and MS MARCO runs alike; equal ranks, which only a TREC run can have, keep file
+order). A run given as a mapping is ranked by score, descending, equal scores in the mapping's order, which is the
+rank order in the runs :func:`~pyserini_mores.formats.read_run` and :func:`~pyserini_mores.formats.results_to_run`
+return: a searcher's hits and the file written from them get the same MRR even where scores tie after rounding to
+the file's 6 decimals. The other metrics come from pytrec_eval, which ignores the rank column and orders by score,
+then docid, both descending (trec_eval's rule, also that of Pyserini's ``trec_eval``): where scores tie, MRR can
+differ from trec_eval's ``recip_rank``, which is available under that name.
 """
 from __future__ import annotations
 
 import heapq
+import itertools
 import logging
 import math
 import os
@@ -23,7 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
-from ..formats import read_qrels, read_run
+from ..formats import _numbered_lines, read_qrels, read_run
 
 logger = logging.getLogger(__name__)
 
@@ -95,8 +101,6 @@ def _resolve_metric(name: str) -> _Metric:
     if match and match.group(1) in pytrec_eval.supported_measures and match.group(1) not in _NON_NUMERIC_MEASURES:
         base, k = match.group(1), match.group(2)
         if k is None:
-            if base == "recip_rank":
-                return _Metric("MRR")  # identical definition and tie order; computed here, averaged like the rest
             return _Metric(base, base, base)
         k = str(_cutoff(k, name))
         display = _TREC_DISPLAY.get(base, base + "_{}").format(k)
@@ -165,15 +169,47 @@ def _json_float(value: float) -> float | None:
     return value if math.isfinite(value) else None  # JSON has no NaN or infinity
 
 
-def _reciprocal_rank(scores: Mapping[str, float], relevant: set[str], cutoff: int | None) -> float:
-    # trec_eval's order: score descending, then docid descending (docids are unique, so the key never ties).
-    order = lambda item: (item[1], item[0])  # noqa: E731
-    ranked = (heapq.nlargest(cutoff, scores.items(), key=order) if cutoff is not None
-              else sorted(scores.items(), key=order, reverse=True))
-    for rank, (docid, _) in enumerate(ranked, start=1):
+def _by_score(scores: Mapping[str, float], cutoff: int | None) -> list[str]:
+    """The top ``cutoff`` docids (all with ``None``) by score, descending; equal scores keep the mapping's order."""
+    descending = lambda docid: -scores[docid]  # noqa: E731
+    # Both are stable: nsmallest(n, ...) is sorted(...)[:n].
+    return heapq.nsmallest(cutoff, scores, key=descending) if cutoff is not None else sorted(scores, key=descending)
+
+
+def _reciprocal_rank(ranked: Iterable[str], relevant: set[str], cutoff: int | None) -> float:
+    for rank, docid in enumerate(itertools.islice(ranked, cutoff), start=1):
         if docid in relevant:
             return 1.0 / rank
     return 0.0
+
+
+def _rank_column_order(path: str | os.PathLike[str]) -> dict[str, list[str]]:
+    """Each query's docids in the order of the run file's rank column, equal ranks in file order.
+
+    A second pass over a file :func:`read_run` has accepted (so every line is well formed), because ``read_run``
+    keeps the score but not the rank of a TREC line.
+    """
+    columns: dict[str, tuple[list[int], list[str]]] = {}
+    for _, line in _numbered_lines(path):
+        fields = line.split(None, 4)  # the score and tag of a TREC line stay unsplit
+        qid, docid, rank = (fields[0], fields[2], fields[3]) if len(fields) == 5 else fields
+        ranks, docids = columns.get(qid) or columns.setdefault(qid, ([], []))
+        ranks.append(int(rank))
+        docids.append(docid)
+    order: dict[str, list[str]] = {}
+    for qid, (ranks, docids) in columns.items():
+        in_file_order = all(earlier <= later for earlier, later in itertools.pairwise(ranks))  # the usual case
+        order[qid] = docids if in_file_order else [docids[i] for i in sorted(range(len(ranks)), key=ranks.__getitem__)]
+    return order
+
+
+def _warn_if_ranks_contradict_scores(path: str | os.PathLike[str], run: Run, order: Mapping[str, list[str]]) -> None:
+    contradicting = sum(1 for qid, docids in order.items()
+                        if any(run[qid][above] < run[qid][below] for above, below in itertools.pairwise(docids)))
+    if contradicting:
+        logger.warning("%s: in %d queries a document is ranked above one with a higher score; MRR follows the rank "
+                       "column (as msmarco_eval.py does), the other metrics the scores (as trec_eval does)",
+                       os.fspath(path), contradicting)
 
 
 def evaluate(
@@ -186,7 +222,8 @@ def evaluate(
     """Evaluate a run, averaging every metric over all judged queries (see the module docstring).
 
     Args:
-        run: qid → {docid → score} (higher is better), or a run file path (TREC or MS MARCO format).
+        run: qid → {docid → score} (higher is better; for MRR, equal scores rank in the mapping's order), or a run
+            file path (TREC or MS MARCO format; MRR ranks by its rank column).
         qrels: qid → {docid → relevance}, or a TREC qrels file path.
         metrics: metric names, e.g. ``DEFAULT_METRICS`` = MRR@10, nDCG@10, MAP, R@100, R@1000.
         relevance_level: documents judged at least this are relevant (MRR, MAP, recall, P); nDCG uses the grades.
@@ -201,16 +238,20 @@ def evaluate(
         >>> evaluate({"q1": {"d1": 2.0, "d2": 1.0}}, {"q1": {"d2": 1}}, ["MRR@10"]).aggregate
         {'MRR@10': 0.5}
     """
-    if isinstance(run, (str, os.PathLike)):
-        run = read_run(run)
-    if isinstance(qrels, (str, os.PathLike)):
-        qrels = read_qrels(qrels)
     resolved: dict[str, _Metric] = {}
     for name in metrics:
         metric = _resolve_metric(name)
         resolved.setdefault(metric.name, metric)
     if not resolved:
         raise ValueError("no metrics requested")
+    rank_order: dict[str, list[str]] | None = None  # for MRR: each query's docids by the file's rank column
+    if isinstance(run, (str, os.PathLike)):
+        path, run = run, read_run(run)
+        if any(metric.trec_measure is None for metric in resolved.values()):
+            rank_order = _rank_column_order(path)
+            _warn_if_ranks_contradict_scores(path, run, rank_order)
+    if isinstance(qrels, (str, os.PathLike)):
+        qrels = read_qrels(qrels)
 
     relevant = {qid: {docid for docid, grade in judgments.items() if grade >= relevance_level}
                 for qid, judgments in qrels.items()}
@@ -244,7 +285,11 @@ def evaluate(
         values: dict[str, float] = {}
         for qid in judged:
             if metric.trec_measure is None:
-                values[qid] = _reciprocal_rank(run[qid], relevant[qid], metric.cutoff) if qid in run else 0.0
+                if qid not in run:
+                    values[qid] = 0.0
+                    continue
+                ranked = rank_order[qid] if rank_order is not None else _by_score(run[qid], metric.cutoff)
+                values[qid] = _reciprocal_rank(ranked, relevant[qid], metric.cutoff)
             else:
                 values[qid] = float(trec_values.get(qid, {}).get(metric.trec_key, 0.0))
         per_query[metric.name] = values
@@ -281,13 +326,15 @@ class NonInferiorityResult:
 
     Attributes:
         margin: the tolerated relative loss (0.02 = 2% of the baseline mean).
-        statistic: t statistic of the per-query ``(1 - margin)·baseline - candidate``; negative favours the candidate.
-        p_value: one-sided p-value of H0 "the candidate loses at least ``margin`` of the baseline".
+        statistic: t statistic of the per-query differences ``candidate - baseline`` against ``-delta``; positive
+            favours the candidate.
+        p_value: one-sided p-value of H0 "mean(candidate) <= mean(baseline) - delta".
         non_inferior: ``p_value < alpha``: H0 rejected, the candidate is non-inferior within the margin.
         alpha: the significance level.
         baseline_mean: mean baseline value.
         candidate_mean: mean candidate value.
         num_queries: number of paired queries.
+        delta: the tolerated absolute loss, ``margin * baseline_mean``.
     """
 
     margin: float
@@ -298,6 +345,7 @@ class NonInferiorityResult:
     baseline_mean: float
     candidate_mean: float
     num_queries: int
+    delta: float
 
     @property
     def verdict(self) -> str:
@@ -322,8 +370,8 @@ def _paired_arrays(first: PerQuery, second: PerQuery):
     return np.asarray(first, dtype=np.float64), np.asarray(second, dtype=np.float64)
 
 
-def _one_sample_t(differences, alternative: str) -> tuple[float, float]:
-    """t statistic and p-value of H0 mean(differences) = 0 (or ≥ / ≤ for one-sided alternatives)."""
+def _one_sample_t(differences, alternative: str, null_mean: float = 0.0) -> tuple[float, float]:
+    """t statistic and p-value of H0 mean(differences) = ``null_mean`` (or ≤ for ``"greater"``, ≥ for ``"less"``)."""
     import numpy as np
     from scipy import stats
 
@@ -331,13 +379,13 @@ def _one_sample_t(differences, alternative: str) -> tuple[float, float]:
         return math.nan, math.nan
     if np.all(differences == differences[0]):
         # Zero variance: scipy returns NaN, but the answer is certain: the mean is known exactly.
-        mean = float(differences[0])
+        mean = float(differences[0]) - null_mean
         statistic = math.copysign(math.inf, mean) if mean else math.nan
         if alternative == "two-sided":
             return statistic, 0.0 if mean else 1.0
         favoured = mean > 0 if alternative == "greater" else mean < 0
         return statistic, 0.0 if favoured else 1.0
-    result = stats.ttest_1samp(differences, 0.0, alternative=alternative)
+    result = stats.ttest_1samp(differences, null_mean, alternative=alternative)
     return float(result.statistic), float(result.pvalue)
 
 
@@ -365,12 +413,13 @@ def non_inferiority(
     *,
     alpha: float = 0.05,
 ) -> NonInferiorityResult:
-    """Test whether a candidate is non-inferior to a baseline within a relative margin (the MORES paper's test).
+    """Test whether a candidate is non-inferior to a baseline within a relative margin, as the MORES paper defines it
+    (Gao, Dai, Callan 2020).
 
-    A one-sided paired t-test of H0: mean(baseline − candidate) ≥ margin·mean(baseline), against H1: the candidate
-    loses less than ``margin`` of the baseline. It is run as a one-sample t-test on the per-query differences
-    ``(1 − margin)·baseline − candidate``, whose mean is exactly mean(baseline − candidate) − margin·mean(baseline), so
-    the baseline's own sampling variation is part of the test rather than treated as a known constant.
+    H0: mean(candidate) ≤ mean(baseline) − δ, with the constant δ = ``margin``·mean(baseline); H1: the candidate loses
+    less than δ. A one-sided paired t-test of the per-query differences d = candidate − baseline against −δ:
+    t = (mean(d) + δ) / (sd(d) / √n), with sd the sample standard deviation, and p = P(T ≥ t) for Student's t with
+    n − 1 degrees of freedom.
 
     Args:
         baseline_per_query: qid → value (e.g. ``EvaluationResult.per_query["MRR@10"]``), or a sequence.
@@ -384,12 +433,13 @@ def non_inferiority(
     if not 0 <= margin < 1:
         raise ValueError(f"margin is a fraction of the baseline in [0, 1), got {margin}")
     baseline, candidate = _paired_arrays(baseline_per_query, candidate_per_query)
-    statistic, p_value = _one_sample_t((1.0 - margin) * baseline - candidate, "less")
+    baseline_mean = float(baseline.mean()) if len(baseline) else math.nan
+    delta = margin * baseline_mean
+    statistic, p_value = _one_sample_t(candidate - baseline, "greater", null_mean=-delta)
     return NonInferiorityResult(
         margin=margin, statistic=statistic, p_value=p_value, non_inferior=bool(p_value < alpha), alpha=alpha,
-        baseline_mean=float(baseline.mean()) if len(baseline) else math.nan,
-        candidate_mean=float(candidate.mean()) if len(candidate) else math.nan,
-        num_queries=len(baseline),
+        baseline_mean=baseline_mean, candidate_mean=float(candidate.mean()) if len(candidate) else math.nan,
+        num_queries=len(baseline), delta=delta,
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .._cli import setup_logging
+from .._cli import run_parsed, setup_logging
 from . import index_collection
 
 
@@ -18,12 +18,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    setup_logging()
-    try:
-        path = index_collection(args.collection, args.index, threads=args.threads)
-    except (FileNotFoundError, FileExistsError, ValueError) as error:
-        raise SystemExit(f"error: {error}") from None
+    return run_parsed(build_parser(), run_index, argv, exit_on_error=True)
+
+
+def run_index(args: argparse.Namespace) -> int:
+    setup_logging(args.verbose)
+    path = index_collection(args.collection, args.index, threads=args.threads)
     print(f"index written to {path}")
     return 0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import logging
 import os
 import threading
@@ -14,7 +15,8 @@ import numpy as np
 import torch
 
 from ..models import RankingModel, load_model, pad_documents
-from ..sidecar import BatchBuffer
+from ..precision import resolve_precision
+from ..sidecar import BatchBuffer, SidecarRowMismatchError, open_sidecar
 from ..types import Query, Text
 from .base import Reranker
 
@@ -28,17 +30,27 @@ class ModelReranker(Reranker):
     """Reranks with a :class:`~pyserini_mores.models.RankingModel`.
 
     With a sidecar, candidates are read from it by their row (``metadata['lucene_docid']``) or docid; without one,
-    documents are encoded from their text — the same math, so both paths give the same scores.
+    documents are encoded from their text — the same math, so both paths give the same scores. A candidate is read
+    by its row only when the sidecar stores its docid there (checked for every candidate, one vectorised comparison
+    per call): otherwise :class:`~pyserini_mores.sidecar.SidecarRowMismatchError`, or with ``remap_by_docid`` the
+    row of its docid.
 
     Args:
         model: the model (put in eval mode).
         sidecar: an open :class:`~pyserini_mores.sidecar.SidecarReader` or ``None``.
         batch_size: candidates scored per batch.
-        precision: ``fp32`` or ``bf16`` (bf16 matmuls are ~10x faster on AMX/AVX-512 CPUs).
+        precision: ``auto`` (bf16 where the CPU runs it natively — AMX or AVX512-BF16 — else fp32), ``fp32`` or
+            ``bf16`` (~10x faster than fp32 with native bf16, ~20x slower where it is emulated).
         cast_weights: under ``bf16``, score with a copy of the model whose weights were cast to bf16 once
             (:func:`bf16_scoring_copy`) instead of autocast alone, which re-casts every fp32 weight on every call.
             ``None`` (default): the model's choice, :attr:`RankingModel.bf16_weight_copy` (the copy, except for
             MORES). ``model`` itself stays fp32, so its fingerprints and sidecar builds do not change.
+        remap_by_docid: candidates whose row (``lucene_docid``) holds another document in the sidecar are read at
+            the row of their docid (binary search in the sidecar's sorted docids) instead of refused; for hits of
+            another index of the same documents.
+
+    A sidecar encoded under bf16 (its manifest's build precision) given to an fp32 reranker is used with a warning,
+    once per sidecar: its scores match a from-text fp32 run only to bf16 accuracy.
 
     Memory: each thread that scores from a sidecar keeps the memory of one batch of stored rows for the reranker's
     lifetime (filling fresh memory costs more in page faults than the copy itself): ``batch_size`` × longest
@@ -47,34 +59,47 @@ class ModelReranker(Reranker):
     """
 
     def __init__(self, model: RankingModel, sidecar=None, *, name: str | None = None, batch_size: int = 250,
-                 precision: str = "fp32", cast_weights: bool | None = None):
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not '{precision}'")
+                 precision: str = "auto", cast_weights: bool | None = None, remap_by_docid: bool = False):
+        precision = resolve_precision(precision)
         if sidecar is not None and model.store_width is None:
             raise ValueError(f"model '{model.model_type}' scores text; it cannot read a sidecar")
         self.model = model.eval()
-        self.sidecar = sidecar
         self.name = name or model.model_type
         self.batch_size = batch_size
-        self.precision = precision
+        self.precision = precision  # resolved: fp32 or bf16
+        self.remap_by_docid = remap_by_docid
+        self._remap_reported = False
+        self.sidecar = sidecar  # after name and precision: setting it checks the sidecar's build precision
         self.cast_weights = model.bf16_weight_copy if cast_weights is None else cast_weights
         self._scoring_copy: RankingModel | None = None
         self._scoring_copy_of: tuple | None = None
         self._buffers = threading.local()
 
     @property
+    def sidecar(self):
+        """The open sidecar reader, or ``None`` (documents are then encoded from their text). Setting one checks its
+        build precision against this reranker's (a bf16-built sidecar under fp32 warns, see the class docstring)."""
+        return self._sidecar
+
+    @sidecar.setter
+    def sidecar(self, reader) -> None:
+        if reader is not None:
+            _warn_on_build_precision(reader, self.precision, self.name)
+        self._sidecar = reader
+
+    @property
     def scoring_model(self) -> RankingModel:
         """The module that scores: :attr:`model`, or under ``bf16`` (with ``cast_weights``) its bf16 copy, made on
-        first use and made again when a weight of :attr:`model` has changed since (e.g. a loaded checkpoint)."""
+        first use and made again when anything it copied from :attr:`model` has changed since: a weight or buffer
+        (e.g. a loaded checkpoint) or the config (e.g. MORES ``set_reuse``, ``s2_reads``, TK ``mode``)."""
         if self.precision != "bf16" or not self.cast_weights:
             return self.model
-        # Cheap (a pointer and a counter per tensor): in-place updates bump _version, reassignment moves data_ptr.
-        weights = tuple((tensor.data_ptr(), tensor._version) for tensor in self.model.parameters())
-        if self._scoring_copy is None or self._scoring_copy_of != weights:
+        copied = _copy_key(self.model)
+        if self._scoring_copy is None or self._scoring_copy_of != copied:
             self._scoring_copy = None  # free the old copy before making the new one
             with torch.inference_mode(False):  # normal tensors, even when first used inside inference mode
                 self._scoring_copy = bf16_scoring_copy(self.model)
-            self._scoring_copy_of = weights
+            self._scoring_copy_of = copied
         return self._scoring_copy
 
     @property
@@ -169,17 +194,40 @@ class ModelReranker(Reranker):
         return torch.cat(scores)
 
     def _sidecar_rows(self, texts: list[Text]) -> np.ndarray:
+        """The sidecar row of every candidate: its ``lucene_docid`` once the sidecar's docid at that row is checked
+        to be its own, else (no ``lucene_docid``, or a mismatch under ``remap_by_docid``) the row of its docid."""
         rows = np.array([int(text.metadata.get("lucene_docid", -1)) for text in texts], dtype=np.int64)
-        unknown = rows < 0
-        if unknown.any():
-            rows[unknown] = self.sidecar.rows_for_docids([texts[i].metadata.get("docid") for i in np.flatnonzero(unknown)])
+        docids = [text.metadata.get("docid") for text in texts]
+        given = np.flatnonzero(rows >= 0)
+        if len(given):
+            if rows[given].max() >= self.sidecar.num_docs:
+                raise IndexError(f"candidate row {rows[given].max()} is beyond the sidecar's "
+                                 f"{self.sidecar.num_docs} documents")
+            anonymous = [i for i in given if docids[i] is None]
+            if anonymous:
+                raise ValueError(f"the candidate at row {rows[anonymous[0]]} has no docid, so its row cannot be "
+                                 f"checked against sidecar {self.sidecar.path}; give every candidate its docid")
+            wrong = given[self.sidecar.docid_mismatches(rows[given], [docids[i] for i in given])]
+            if len(wrong):
+                if not self.remap_by_docid:
+                    raise _row_mismatch(self.sidecar, rows, docids, wrong)
+                self._report_remap(len(wrong), len(texts))
+                rows[wrong] = -1
+        unknown = np.flatnonzero(rows < 0)
+        if len(unknown):
+            rows[unknown] = self.sidecar.rows_for_docids([docids[i] for i in unknown])
         missing = np.flatnonzero(rows < 0)
         if len(missing):
-            docids = ", ".join(str(texts[i].metadata.get("docid")) for i in missing[:5])
-            raise KeyError(f"{len(missing)} candidate(s) are not in the sidecar (e.g. {docids})")
-        if rows.max() >= self.sidecar.num_docs:
-            raise IndexError(f"candidate row {rows.max()} is beyond the sidecar's {self.sidecar.num_docs} documents")
+            listed = ", ".join(str(docids[i]) for i in missing[:5])
+            raise KeyError(f"{len(missing)} candidate(s) are not in the sidecar (e.g. {listed})")
         return rows
+
+    def _report_remap(self, remapped: int, candidates: int) -> None:
+        if not self._remap_reported:  # once per reranker: with remap_by_docid it is expected, not news
+            self._remap_reported = True
+            logger.warning("%d of %d candidates have rows (lucene_docid) that hold other documents in sidecar %s "
+                           "(hits of another index?); read at the rows of their docids (remap_by_docid=True)",
+                           remapped, candidates, self.sidecar.path)
 
     def close(self) -> None:
         if self.sidecar is not None:
@@ -212,6 +260,52 @@ def bf16_scoring_copy(model: RankingModel) -> RankingModel:
     return copy.deepcopy(model, memo).eval()
 
 
+def _copy_key(model: RankingModel) -> tuple:
+    """What :func:`bf16_scoring_copy` copies from ``model``, cheaply: a pointer and a counter per tensor (in-place
+    updates bump ``_version``, reassignment moves ``data_ptr``) and the config, where every mode the scoring code
+    branches on lives."""
+    tensors = tuple((tensor.data_ptr(), tensor._version)
+                    for tensors in (model.parameters(), model.buffers()) for tensor in tensors)
+    return tensors, json.dumps(model.config.to_dict(), sort_keys=True, default=str)
+
+
+def _row_mismatch(sidecar, rows: np.ndarray, docids: list, wrong: np.ndarray) -> SidecarRowMismatchError:
+    """The error for candidates at positions ``wrong`` whose row holds another document in ``sidecar``."""
+    first = int(wrong[0])
+    row, docid = int(rows[first]), str(docids[first])
+    stored = sidecar.docid(row)
+    built_from = sidecar.manifest.build.get("source")
+    where = f"{built_from}, " if built_from else ""
+    return SidecarRowMismatchError(
+        f"candidate {docid!r} has row (lucene_docid) {row}, but row {row} of sidecar {sidecar.path} holds "
+        f"{stored!r} ({len(wrong)} of {len(rows)} candidates disagree). The candidates come from another index than "
+        f"the sidecar's ({where}identity {sidecar.index}) or carry wrong lucene_docids, and would be scored with "
+        "other documents' vectors. Search the index the sidecar was built for, rebuild the sidecar for this index, "
+        "or pass remap_by_docid=True to read each candidate at the row of its docid",
+        docid=docid, row=row, stored_docid=stored, mismatches=len(wrong))
+
+
+# (sidecar path, reranker precision) pairs already warned about in this process.
+_warned_build_precisions: set[tuple[str, str]] = set()
+
+
+def _warn_on_build_precision(sidecar, precision: str, name: str) -> None:
+    """Warn, once per sidecar, when an fp32 reranker reads vectors encoded under bf16. A warning, not a refusal:
+    bf16-built sidecars are what the embedded default builds where the CPU runs bf16 natively."""
+    built = getattr(getattr(sidecar, "manifest", None), "build", {}).get("precision")
+    if built != "bf16" or precision != "fp32":
+        return
+    key = (str(sidecar.path), precision)
+    if key in _warned_build_precisions:
+        return
+    _warned_build_precisions.add(key)
+    logger.warning(
+        "reranker '%s' scores in fp32, but sidecar %s was encoded under bf16 (its build precision): its scores match "
+        "a from-text fp32 run only to bf16 accuracy. For fp32-exact scores rebuild it with `python -m "
+        "pyserini_mores.sidecar build --precision fp32 --overwrite` (and the same --index, --reranker, --model and "
+        "--output)", name, sidecar.path)
+
+
 def _per_document(value: torch.Tensor, batch: int) -> bool:
     return value.dim() > 0 and value.shape[0] == batch
 
@@ -225,11 +319,12 @@ def _require_text(text: Text, name: str) -> str:
 def learned_reranker_factory(model_type: str, default_model: str = DEFAULT_MODEL):
     """A registry factory for ``model_type``: ``model`` (checkpoint dir, backbone name or instance), ``sidecar``
     (path, open reader or None), ``expect_index`` (the identity the sidecar must match), ``batch_size``,
-    ``precision``, ``cast_weights``; any other keyword overrides the model config (e.g. ``reuse='s1'``)."""
+    ``precision``, ``cast_weights``, ``remap_by_docid``; any other keyword overrides the model config (e.g.
+    ``reuse='s1'``). A sidecar is checked to be the model's whether given as a path or open."""
 
     def factory(model: str | os.PathLike | RankingModel | None = None, sidecar=None, *, expect_index: dict | None = None,
-                batch_size: int = 250, precision: str = "fp32", cast_weights: bool | None = None,
-                **model_overrides) -> ModelReranker:
+                batch_size: int = 250, precision: str = "auto", cast_weights: bool | None = None,
+                remap_by_docid: bool = False, **model_overrides) -> ModelReranker:
         if isinstance(model, RankingModel):
             if model_overrides:
                 raise TypeError("config overrides need a model name or path, not a model instance")
@@ -238,12 +333,12 @@ def learned_reranker_factory(model_type: str, default_model: str = DEFAULT_MODEL
             instance = load_model(model_type, model or default_model, **model_overrides)
         reader = sidecar
         if isinstance(sidecar, (str, Path)):
-            from ..sidecar import open_sidecar
-
             reader = open_sidecar(sidecar, expect_model_fingerprint=instance.store_fingerprint(),
                                   expect_index=expect_index)
+        elif sidecar is not None:
+            sidecar.check_built_for(model_fingerprint=instance.store_fingerprint(), index=expect_index)
         return ModelReranker(instance, reader, name=model_type, batch_size=batch_size, precision=precision,
-                             cast_weights=cast_weights)
+                             cast_weights=cast_weights, remap_by_docid=remap_by_docid)
 
     factory.model_type = model_type
     return factory

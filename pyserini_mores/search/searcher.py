@@ -48,7 +48,8 @@ class RerankingSearcher:
     Args:
         index: a Lucene index directory or a Pyserini prebuilt index name.
         reranker: a :class:`Reranker`, or a registered name (``bm25``, ``maxsim``, ``mores``, ...); with a name,
-            ``reranker_kwargs`` go to its factory (e.g. ``model=``).
+            ``reranker_kwargs`` go to its factory (e.g. ``model=``, ``remap_by_docid=``). A reranker whose sidecar
+            is already open is refused when that sidecar was built for another index or model.
         k1, b: BM25 parameters (default: Pyserini's for the index).
         rerank_depth: how many BM25 hits are reranked.
         sidecar: for rerankers that read stored document representations: a path, ``"auto"`` (the default
@@ -86,7 +87,9 @@ class RerankingSearcher:
         self._calibrating = threading.Lock()  # one measurement when several threads meet an uncalibrated budget
         self.reranker = get_reranker(reranker, **reranker_kwargs) if isinstance(reranker, str) else reranker
         self.sidecar_path: Path | None = None
-        if getattr(self.reranker, "model", None) is not None and self.reranker.model.store_width is not None \
+        if hasattr(getattr(self.reranker, "sidecar", None), "check_built_for"):
+            self._check_attached_sidecar()
+        elif getattr(self.reranker, "model", None) is not None and self.reranker.model.store_width is not None \
                 and getattr(self.reranker, "sidecar", None) is None and sidecar is not None:
             self.attach_sidecar(sidecar, require_sidecar)
 
@@ -106,6 +109,15 @@ class RerankingSearcher:
         self.reranker.sidecar = open_sidecar(path, expect_model_fingerprint=model.store_fingerprint(),
                                              expect_index=index_identity(self.searcher))
         self.sidecar_path = path
+
+    def _check_attached_sidecar(self) -> None:
+        """A reranker that arrives with its sidecar open (``get_reranker(..., sidecar=...)``, or set by hand) gets the
+        checks :meth:`attach_sidecar` makes: built by its model, for this index (rows are Lucene docids)."""
+        reader = self.reranker.sidecar
+        model = getattr(self.reranker, "model", None)
+        fingerprint = model.store_fingerprint() if model is not None and model.store_width is not None else None
+        reader.check_built_for(model_fingerprint=fingerprint, index=index_identity(self.searcher))
+        self.sidecar_path = Path(reader.path)
 
     @property
     def num_docs(self) -> int:

@@ -14,6 +14,7 @@ from .format import (
     SidecarExistsError,
     SidecarMismatchError,
     SidecarNotFoundError,
+    SidecarRowMismatchError,
     default_sidecar_path,
     read_manifest,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "SidecarExistsError",
     "SidecarMismatchError",
     "SidecarNotFoundError",
+    "SidecarRowMismatchError",
     "SidecarReader",
     "SidecarWriter",
     "ShardedSidecarReader",

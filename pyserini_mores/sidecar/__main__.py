@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .._cli import define_model_args, parse_model_args
+from .._cli import define_model_args, parse_model_args, run_parsed
 from .assemble import assemble_shards
 from .codecs import CODECS
 from .format import (
@@ -107,26 +107,26 @@ def define_build_args(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (0 ok, 1 problems found, 2 error)."""
-    args = build_parser().parse_args(argv)
-    try:
-        if args.command == "info":
-            return _info(args)
-        if args.command == "verify":
-            return _verify(args)
-        if args.command in ("assemble", "merge"):
-            return _assemble(args)
-        if args.command == "transcode":
-            return _transcode(args)
-        return _build(args)
-    except (SidecarError, FileNotFoundError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    return run_parsed(build_parser(), _run, argv)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "info":
+        return _info(args)
+    if args.command == "verify":
+        return _verify(args)
+    if args.command in ("assemble", "merge"):
+        return _assemble(args)
+    if args.command == "transcode":
+        return _transcode(args)
+    return _build(args)
 
 
 def _build(args: argparse.Namespace) -> int:
     """``build``: the options are checked (and Ray looked for) before the model loads; a bad option or a reranker
     without stored representations exits with its ``error:`` line."""
     try:
+        from ..precision import resolve_precision  # the driver decides, so every shard encodes alike
         from .build import BuildOptions, ModelSource, run_build
         from .ray_engine import import_ray
     except ImportError as error:
@@ -136,9 +136,9 @@ def _build(args: argparse.Namespace) -> int:
         options = BuildOptions(
             index=args.index, reranker=args.reranker or "", output=args.output, collection=args.collection,
             batch_size=args.batch_size, dtype=args.dtype, codec=args.codec, pq_subquantizers=args.pq_subquantizers,
-            precision=args.precision, overwrite=args.overwrite, restart=args.restart, shards=args.shards,
-            shard=args.shard, engine=args.engine, address=args.address, max_retries=args.max_retries,
-            cpus_per_task=args.cpus_per_task)
+            precision=resolve_precision(args.precision), overwrite=args.overwrite, restart=args.restart,
+            shards=args.shards, shard=args.shard, engine=args.engine, address=args.address,
+            max_retries=args.max_retries, cpus_per_task=args.cpus_per_task)
         if options.engine == "ray":
             import_ray()  # before loading any model: say at once what to install
     except (ValueError, ImportError) as error:
@@ -246,6 +246,7 @@ def format_sharded_summary(manifest: ShardedManifest, path: str | Path,
         f"documents   {manifest.num_docs:,} ({manifest.num_tokens:,} tokens, "
         f"{manifest.num_tokens / docs:.1f} tokens/doc)",
         f"index       {_pairs(manifest.index)}",
+        f"encoded     {_encoding(manifest.build)}",
         f"build       {_pairs(manifest.build) or '-'}",
     ]
     for number, (entry, shard) in enumerate(zip(manifest.shards, shard_manifests)):
@@ -276,6 +277,7 @@ def format_summary(manifest: Manifest, path: str | Path) -> str:
         f"{manifest.num_tokens / docs:.1f} tokens/doc)",
         f"size        {_human(total_bytes)} ({tokens_bytes / docs:,.0f} bytes/doc of vectors)",
         f"index       {_pairs(manifest.index)}",
+        f"encoded     {_encoding(manifest.build)}",
         f"build       {_pairs(manifest.build) or '-'}",
     ]
     if manifest.shard:
@@ -284,6 +286,16 @@ def format_summary(manifest: Manifest, path: str | Path) -> str:
                      f"{shard.get('row_end')}) of {shard.get('num_docs')}, build {shard.get('build_id')} "
                      f"(open the sidecar assembled from its shards)")
     return "\n".join(lines)
+
+
+def _encoding(build: dict[str, Any]) -> str:
+    """The compute precision and device the vectors were encoded under (``unknown`` for builds that did not record
+    them): what the sidecar's scores match a from-text run of."""
+    precision = build.get("precision") or "unknown"
+    device = build.get("device") or "unknown"
+    note = (" (an fp32 reranker matches its from-text scores only to bf16 accuracy)" if precision == "bf16"
+            else " (not recorded by the build)" if "unknown" in (precision, device) else "")
+    return f"precision {precision}, device {device}{note}"
 
 
 def _codec_summary(manifest: Manifest) -> str:

@@ -8,6 +8,7 @@ build is a :class:`BuildOptions`: plain values, which is also what a Ray task re
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import os
@@ -24,6 +25,7 @@ from tqdm import tqdm
 from ..formats import read_collection
 from ..index import index_docids, index_identity, iter_index_documents, open_searcher, resolve_index
 from ..models import RankingModel, load_model
+from ..precision import resolve_precision
 from .assemble import assemble_shards
 from .format import MANIFEST, SidecarExistsError, SidecarMismatchError, default_sidecar_path
 from .ray_engine import build_shards_on_ray
@@ -75,7 +77,7 @@ class BuildOptions:
         dtype: storage dtype of the vectors under the ``fp16`` codec.
         codec: ``fp16``, or a compressed codec (``sq8``, ``sq6``, ``sq4``, ``pq``; see :mod:`.codecs`).
         pq_subquantizers: sub-quantisers per vector of the ``pq`` codec.
-        precision: ``fp32``, or ``bf16`` autocast while encoding.
+        precision: ``fp32``, ``bf16`` autocast while encoding, or ``auto`` (bf16 where the CPU runs it natively).
         overwrite: replace an existing sidecar; restart: discard an interrupted build instead of resuming it.
         shards: split the sidecar into this many shards of contiguous rows; shard: build only this one.
         engine: ``local`` (shards one after the other here) or ``ray`` (one Ray task per shard).
@@ -126,6 +128,8 @@ def run_build(options: BuildOptions, model: RankingModel | None = None) -> Path:
     of a sharded one, or every shard (here or on Ray) and their assembly. Returns the path written."""
     if model is None:
         model = _load(options)
+    # Resolved once, here: every shard (on any Ray node) encodes under, records and agrees on one precision.
+    options = dataclasses.replace(options, precision=resolve_precision(options.precision))
     with _build_inputs(options, model) as inputs:
         if options.shards is None:
             return inputs.build(inputs.output)
@@ -240,7 +244,7 @@ def collection_texts(collection: str | os.PathLike, searcher) -> list[str]:
 
 
 def build_sidecar(searcher, model: RankingModel, output: str | os.PathLike, *, reranker_name: str,
-                  batch_size: int = 64, dtype: str = "float16", precision: str = "fp32",
+                  batch_size: int = 64, dtype: str = "float16", precision: str = "auto",
                   texts: list[str] | None = None, overwrite: bool = False, restart: bool = False,
                   source: str | None = None, progress: bool = True, shard: tuple[int, int] | None = None,
                   expect_build_id: str | None = None, codec: str | None = None,
@@ -259,6 +263,7 @@ def build_sidecar(searcher, model: RankingModel, output: str | os.PathLike, *, r
     sidecar (or the same shard of the same build) is kept unless ``overwrite``.
     """
     output = Path(output)
+    precision = resolve_precision(precision)
     if shard is not None and codec not in (None, "fp16"):
         # Each shard would train a codec of its own on its own first documents.
         raise ValueError(f"a sharded build cannot use the {codec} codec yet; build it unsharded")
@@ -278,8 +283,11 @@ def build_sidecar(searcher, model: RankingModel, output: str | os.PathLike, *, r
         row_start, row_end = 0, num_docs
     model.eval()
     docids = _docids(searcher, row_start, row_end)
+    # precision and device are part of what the sidecar promises: vectors encoded under bf16 match a from-text fp32
+    # run only to bf16 accuracy (readers warn, see rerankers.learned).
     build_info = {"reranker": reranker_name, "backbone": model.config.backbone, "source": source,
-                  "max_length": model.config.doc_max_length, "precision": precision, "batch_size": batch_size}
+                  "max_length": model.config.doc_max_length, "precision": precision, "device": _device(model),
+                  "batch_size": batch_size}
     writer = SidecarWriter(
         output, dim=model.store_width, dtype=dtype, docids=docids,
         model={"model_type": model.model_type, "store_variant": model.store_variant,
@@ -346,6 +354,12 @@ def _encode_rows(searcher, model: RankingModel, writer: SidecarWriter, texts: li
             bar.update(len(keep))
     bar.close()
     writer.update_build({"encode_seconds": round(time.perf_counter() - started, 3)})
+
+
+def _device(model: RankingModel) -> str:
+    """Where ``model`` computes (the device type of its first parameter; ``cpu`` for a model without any)."""
+    parameter = next(iter(model.parameters()), None)
+    return parameter.device.type if parameter is not None else "cpu"
 
 
 def _docids(searcher, row_start: int, row_end: int) -> list[str]:

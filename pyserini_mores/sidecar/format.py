@@ -72,6 +72,19 @@ class SidecarMismatchError(SidecarError, ValueError):
     """An intact sidecar of another model, index, dtype or dim (or a resumed build with other parameters)."""
 
 
+class SidecarRowMismatchError(SidecarMismatchError):
+    """A candidate's row in the sidecar holds another document: the candidate comes from another index than the
+    sidecar's (or carries a wrong ``lucene_docid``), and would be scored with another document's vectors.
+
+    Attributes: ``docid`` (the candidate's), ``row`` (its ``lucene_docid``), ``stored_docid`` (the sidecar's at
+    that row), ``mismatches`` (how many candidates of the batch disagree).
+    """
+
+    def __init__(self, message: str, *, docid: str, row: int, stored_docid: str, mismatches: int = 1):
+        super().__init__(message)
+        self.docid, self.row, self.stored_docid, self.mismatches = docid, row, stored_docid, mismatches
+
+
 class SidecarCorruptError(SidecarError):
     """The sidecar's files disagree with its manifest (truncated, missing, unreadable manifest)."""
 
@@ -132,6 +145,19 @@ class Manifest:
     @property
     def model_fingerprint(self) -> str:
         return str(self.model.get("fingerprint", ""))
+
+    @property
+    def build_precision(self) -> str | None:
+        """The compute precision the vectors were encoded under (``fp32``, ``bf16``), or ``None`` when the build did
+        not record it."""
+        precision = self.build.get("precision")
+        return str(precision) if precision else None
+
+    @property
+    def build_device(self) -> str | None:
+        """The device the vectors were encoded on (``cpu``, ...), or ``None`` when the build did not record it."""
+        device = self.build.get("device")
+        return str(device) if device else None
 
     @property
     def storage_dtype(self) -> np.dtype:
@@ -327,6 +353,32 @@ def size_problems(manifest: Manifest, path: str | os.PathLike) -> list[str]:
                      if row_bytes and actual % row_bytes == 0 else "")
             problems.append(f"{name}: file is {state}: expected {expected} bytes, found {actual} bytes{count} "
                             f"({file})")
+    return problems
+
+
+def offset_problems(offsets: np.ndarray, num_tokens: int, dtype: np.dtype | str = INDEX_DTYPE) -> list[str]:
+    """How ``offsets`` (``offsets.bin``, of the size the manifest implies) break the format: not int64, first offset
+    not 0, a decrease (the first row where one happens, with both values), last offset not ``num_tokens``. Empty when
+    intact. Vectorised: one pass over the array, whose bytes stay in the page cache for the reads that follow."""
+    problems = []
+    try:
+        int64 = np.dtype(dtype) == INDEX_DTYPE
+    except TypeError:
+        int64 = False
+    if not int64:
+        return [f"{OFFSETS}: dtype is {dtype!r}, not int64 ({INDEX_DTYPE.str})"]
+    if len(offsets) == 0:
+        return [f"{OFFSETS}: empty (it holds num_docs + 1 offsets, at least one)"]
+    first, last = int(offsets[0]), int(offsets[-1])
+    if first != 0:
+        problems.append(f"{OFFSETS}: first offset is {first}, not 0")
+    # A comparison, not np.diff: one byte per row of temporary memory instead of eight.
+    decreasing = np.less(offsets[1:], offsets[:-1])
+    if decreasing.any():
+        row = int(np.argmax(decreasing))
+        problems.append(f"{OFFSETS}: offsets decrease at row {row} ({int(offsets[row])} -> {int(offsets[row + 1])})")
+    if last != num_tokens:
+        problems.append(f"{OFFSETS}: last offset is {last} but the manifest has num_tokens={num_tokens}")
     return problems
 
 

@@ -147,6 +147,16 @@ class ShardedSidecarReader(ManifestMetadata):
                 docids[position] = docid
         return docids
 
+    def docid_mismatches(self, rows: Sequence[int] | np.ndarray, docids: Sequence[str]) -> np.ndarray:
+        """Positions ``i`` (ascending) where global row ``rows[i]`` holds another docid than ``docids[i]`` (see
+        :meth:`SidecarReader.docid_mismatches`)."""
+        rows = self._check_rows(rows)
+        if len(rows) != len(docids):
+            raise ValueError(f"{len(rows)} rows but {len(docids)} docids")
+        found = [where[shard.docid_mismatches(local, [docids[i] for i in where])]
+                 for shard, where, local in self._split(rows)]
+        return np.sort(np.concatenate(found)) if found else np.empty(0, dtype=np.int64)
+
     def rows_for_docids(self, docids: Sequence[str]) -> np.ndarray:
         """``[len(docids)]`` int64 global rows of external docids, -1 for docids in no shard."""
         docids = list(docids)

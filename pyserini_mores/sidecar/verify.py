@@ -19,6 +19,7 @@ from .format import (
     SidecarError,
     check_directory,
     file_checksum,
+    offset_problems,
     read_manifest,
     short_hash,
     size_problems,
@@ -63,7 +64,7 @@ def verify_sidecar(path: str | os.PathLike) -> list[str]:
                                 f"file hashes to {short_hash(actual)} (its content changed since the build)")
     arrays = {name: _open(path, manifest, name) for name in sized}
     if OFFSETS in arrays:
-        problems += _offset_problems(arrays[OFFSETS], manifest.num_tokens)
+        problems += offset_problems(arrays[OFFSETS], manifest.num_tokens, manifest.files[OFFSETS].dtype)
     if {DOCIDS, DOCIDS_SORTED, DOCIDS_SORTED_ROWS} <= arrays.keys():
         problems += _docid_problems(arrays[DOCIDS], arrays[DOCIDS_SORTED], arrays[DOCIDS_SORTED_ROWS])
     return problems
@@ -74,23 +75,6 @@ def _open(path: Path, manifest: Manifest, name: str) -> np.ndarray:
     if int(np.prod(shape, dtype=np.int64)) == 0:
         return np.zeros(shape, dtype=dtype)
     return np.memmap(path / name, dtype=dtype, mode="r", shape=shape)
-
-
-def _offset_problems(offsets: np.ndarray, num_tokens: int) -> list[str]:
-    problems = []
-    if offsets[0] != 0:
-        problems.append(f"{OFFSETS}: first offset is {int(offsets[0])}, not 0")
-    for start in range(0, len(offsets) - 1, _CHUNK):
-        # Overlap by one entry so a decrease across a chunk boundary is seen.
-        steps = np.diff(np.asarray(offsets[start:start + _CHUNK + 1]))
-        if (steps < 0).any():
-            row = start + int(np.flatnonzero(steps < 0)[0])
-            problems.append(f"{OFFSETS}: offsets decrease at row {row} ({int(offsets[row])} -> "
-                            f"{int(offsets[row + 1])})")
-            break
-    if offsets[-1] != num_tokens:
-        problems.append(f"{OFFSETS}: last offset is {int(offsets[-1])} but the manifest has num_tokens={num_tokens}")
-    return problems
 
 
 def _docid_problems(docids: np.ndarray, docids_sorted: np.ndarray, sorted_rows: np.ndarray) -> list[str]:

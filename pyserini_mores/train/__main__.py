@@ -22,7 +22,8 @@ import argparse
 import json
 import sys
 
-from .._cli import parse_model_args, setup_logging
+from .._cli import parse_model_args, run_parsed, setup_logging
+from ..precision import PRECISION_CHOICES
 
 S = argparse.SUPPRESS  # options left out of the namespace unless given, so a recipe's value is not overridden
 
@@ -110,7 +111,11 @@ def define_train_args(parser: argparse.ArgumentParser) -> None:
     opt.add_argument("--warmup-steps", type=int, default=S)
     opt.add_argument("--scheduler", choices=SCHEDULERS, default=S, help="after warm-up (default linear decay to 0)")
     opt.add_argument("--max-grad-norm", type=float, default=S, help="gradient clipping (default 1; 0 = off)")
-    opt.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=S, help="bf16 autocast on CPU")
+    opt.add_argument("--precision", choices=PRECISION_CHOICES, default=S,
+                     help="auto (default): bf16 autocast only where the device runs bf16 natively (AMX or "
+                          "AVX512-BF16 CPUs, CUDA with bf16), fp32 elsewhere")
+    opt.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=S,
+                     help="bf16 autocast on or off whatever the hardware (overrides --precision)")
     opt.add_argument("--seed", type=int, default=S)
     dev = parser.add_argument_group("dev evaluation and early stopping (MRR@10)")
     dev.add_argument("--dev-topics", default=S)
@@ -151,6 +156,7 @@ def define_compressor_args(parser: argparse.ArgumentParser) -> None:
                                                                      "before/after (default 64)")
     parser.add_argument("--max-pairs", type=int, default=S)
     parser.add_argument("--seed", type=int, default=S)
+    parser.add_argument("--precision", choices=PRECISION_CHOICES, default=S)
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=S)
     parser.add_argument("--device", default=S, help="cpu, cuda, ... (default: cuda when available)")
     parser.add_argument("--quiet", action="store_true")
@@ -177,7 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _given(args: argparse.Namespace, exclude: tuple[str, ...]) -> dict:
-    values = {key: value for key, value in vars(args).items() if key not in exclude}
+    # --verbose (every command's, from the shared runner) is no training setting.
+    values = {key: value for key, value in vars(args).items() if key not in (*exclude, "verbose")}
     if "model_args" in values:
         values["model_args"] = parse_model_args(values["model_args"])
     return values
@@ -286,22 +293,22 @@ def run_recipes(args: argparse.Namespace) -> None:
         print(f"{name:32s} {recipe['command']:20s} {recipe.get('description', '')}")
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None) -> int:
+    return run_parsed(build_parser(), _run, argv, exit_on_error=True)
+
+
+def _run(args: argparse.Namespace) -> None:
     if args.command in ("train", "pretrain-compressor"):
-        setup_logging(verbose=not args.quiet)
+        setup_logging(args.verbose, quiet=args.quiet)
     else:
-        setup_logging()
+        setup_logging(args.verbose)
     handlers = {"mine-negatives": run_mine, "train": run_train, "pretrain-compressor": run_compressor,
                 "export-delta": run_export_delta, "recipes": run_recipes}
-    try:
-        from tqdm.contrib.logging import logging_redirect_tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
 
-        with logging_redirect_tqdm():
-            handlers[args.command](args)
-    except (ValueError, FileNotFoundError, KeyError) as error:
-        raise SystemExit(f"error: {error}") from None
+    with logging_redirect_tqdm():
+        handlers[args.command](args)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))

@@ -20,7 +20,7 @@ from typing import Sequence
 import torch
 
 from .data import compressor_pairs
-from .trainer import progress_interval, seed_everything
+from .trainer import progress_interval, seed_everything, training_precision
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +122,8 @@ def pretrain_compressor(
     heldout_pairs: int = 64,
     max_pairs: int | None = None,
     seed: int = 42,
-    bf16: bool = False,
+    bf16: bool | None = None,
+    precision: str = "auto",
     device: str | None = None,
     progress: bool = True,
 ) -> CompressorResult:
@@ -142,6 +143,7 @@ def pretrain_compressor(
     model = load_prettr_for_compressor(init, model_args)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model.to(device)
+    bf16 = training_precision(bf16, precision, device) == "bf16"
     pairs = compressor_pairs(texts, queries=queries, max_pairs=max_pairs, seed=seed)
     heldout_pairs = min(heldout_pairs, len(pairs) // 2)
     heldout, train_pairs = pairs[:heldout_pairs], pairs[heldout_pairs:]

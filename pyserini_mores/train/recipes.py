@@ -20,7 +20,7 @@ from pathlib import Path
 RECIPES_DIR = Path(__file__).parent / "recipes"
 COMMANDS = ("train", "pretrain-compressor")
 COMPRESSOR_SETTINGS = ("init", "texts", "output", "model_args", "queries", "steps", "batch_size", "lr",
-                       "warmup_steps", "heldout_pairs", "max_pairs", "seed", "bf16", "device")
+                       "warmup_steps", "heldout_pairs", "max_pairs", "seed", "bf16", "precision", "device")
 
 
 def recipe_names() -> list[str]:

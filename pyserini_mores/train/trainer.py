@@ -39,6 +39,7 @@ from typing import Callable
 import torch
 
 from .._io import copy_file_atomic
+from ..precision import resolve_precision
 from ..models import RankingModel, load_model, model_class
 from ..models.base import CONFIG_NAME, WEIGHTS_NAME
 from ..models.registry import ModelTable
@@ -61,7 +62,7 @@ DEFAULT_LOSSES = ModelTable(lambda model: model.default_loss)
 RESUME_MUST_MATCH = ("model_type", "init", "triples", "loss", "model_args", "train_modules", "batch_size",
                      "grad_accum", "lr", "head_lr", "dropout", "weight_decay", "warmup_steps", "scheduler", "margin",
                      "distill_temperature", "negatives_per_example", "batch_negatives", "max_triples", "seed", "bf16",
-                     "max_grad_norm", "freeze_embeddings", "doc_sidecar")
+                     "precision", "max_grad_norm", "freeze_embeddings", "doc_sidecar")
 
 
 @dataclass
@@ -87,6 +88,8 @@ class TrainingSettings:
         max_steps: optimiser steps; ``None`` → ``epochs`` passes over the triples.
         warmup_steps: linear warm-up steps (then ``scheduler``: linear decay to 0, constant, or cosine).
         head_lr: learning rate of new layers (score head, TK kernel weights); ``None`` = ``lr``.
+        precision: ``auto`` (bf16 autocast only where the device runs bf16 natively), ``fp32`` or ``bf16``;
+            ``bf16`` (``True``/``False``), when set, overrides it.
         dropout: every dropout probability of the model while it trains (hidden and attention; ``0`` turns dropout
             off); ``None`` keeps the model's own (BERT's 0.1). Scores at inference never use dropout.
         negatives_per_example: ``k``; consecutive triples sharing query and positive are pooled (listwise).
@@ -124,7 +127,8 @@ class TrainingSettings:
     negatives_per_example: int = 1
     batch_negatives: int = 0
     max_triples: int | None = None
-    bf16: bool = False
+    bf16: bool | None = None
+    precision: str = "auto"
     seed: int = 42
     logging_steps: int = 10
     save_steps: int = 500
@@ -247,6 +251,13 @@ class TrainingResult:
 
 
 # --------------------------------------------------------------------------------------------------- building
+
+
+def training_precision(bf16: bool | None, precision: str, device) -> str:
+    """``fp32`` or ``bf16``: an explicit ``bf16`` flag (``--bf16`` / ``--no-bf16``) wins over ``precision``, whose
+    ``auto`` means bf16 only where ``device`` runs it natively (:func:`.precision.resolve_precision`)."""
+    requested = precision if bf16 is None else ("bf16" if bf16 else "fp32")
+    return resolve_precision(requested, str(device))
 
 
 def seed_everything(seed: int) -> None:
@@ -441,6 +452,7 @@ def train(
         state = TrainerState()
     device = torch.device(settings.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model.to(device)
+    bf16 = training_precision(settings.bf16, settings.precision, device) == "bf16"
     if settings.dropout is not None:  # also after a resume: a checkpoint's config keeps the model's own dropout
         logger.info("dropout %g while training (%d dropouts set)", settings.dropout,
                     set_dropout(model, settings.dropout))
@@ -467,7 +479,7 @@ def train(
                 len(trainable), settings.train_modules, len(groups), steps_per_epoch, total_steps)
 
     if evaluator is None and settings.eval_every is not None:
-        evaluator = _build_evaluator(settings)
+        evaluator = _build_evaluator(settings, bf16)
     if settings.doc_sidecar is not None:
         from .stored import StoredGroupCollator, StoredRankingObjective, open_stored_documents
 
@@ -495,7 +507,7 @@ def train(
             micro_batches = [collate(with_batch_negatives([groups[i] for i in indices[start:start + micro_groups]],
                                                           settings.batch_negatives))
                              for start in range(0, len(indices), micro_groups)]
-            step_loss = _forward_backward(objective, micro_batches, settings.bf16, device)
+            step_loss = _forward_backward(objective, micro_batches, bf16, device)
             if not math.isfinite(step_loss):
                 raise FloatingPointError(f"the loss became {step_loss} at step {state.global_step + 1}; "
                                          "lower the learning rate")
@@ -562,7 +574,7 @@ def _forward_backward(objective: RankingObjective, micro_batches: list[dict], bf
     return step_loss
 
 
-def _build_evaluator(settings: TrainingSettings):
+def _build_evaluator(settings: TrainingSettings, bf16: bool):
     from .dev import DevEvaluator, gather_dev_candidates
 
     candidates = gather_dev_candidates(
@@ -571,7 +583,7 @@ def _build_evaluator(settings: TrainingSettings):
         threads=settings.threads,
     )
     logger.info("dev evaluation: %d queries, %d candidate pairs", len(candidates.queries), candidates.num_pairs)
-    return DevEvaluator(candidates, bf16=settings.bf16)
+    return DevEvaluator(candidates, bf16=bf16)
 
 
 def _evaluate(model: RankingModel, evaluator, state: TrainerState, settings: TrainingSettings,
