@@ -269,12 +269,13 @@ def scored_triples_path(tmp_path_factory, triples_path) -> Path:
 
 @pytest.mark.parametrize("model_type,loss,negatives", [
     ("mores", "pointwise", 1), ("cross-encoder", "pointwise", 1), ("prettr", "listwise", 1), ("tk", "pairwise", 1),
-    ("maxsim", "pairwise", 1), ("mores", "listwise", 3), ("mores", "distill", 3),
+    ("maxsim", "pairwise", 1), ("mores", "listwise", 3), ("mores", "distill", 3), ("mores", "margin-mse", 3),
+    ("maxsim", "margin-mse", 3),
 ])
 def test_a_few_steps_reduce_the_training_loss(model_type, loss, negatives, init_dirs, triples_path,
                                               scored_triples_path, tmp_path):
     init = init_dirs(model_type)
-    triples_path = scored_triples_path if loss == "distill" else triples_path
+    triples_path = scored_triples_path if loss in ("distill", "margin-mse") else triples_path
     groups = load_groups(triples_path, negatives_per_group=negatives)
     before = mean_loss(load_model(model_type, init), groups, loss)
     batch = 10 if loss == "pointwise" else 5 // negatives + 1
@@ -285,9 +286,10 @@ def test_a_few_steps_reduce_the_training_loss(model_type, loss, negatives, init_
     assert after < 0.8 * before, (before, after)
 
 
-def test_distillation_needs_scored_triples(init_dirs, triples_path, tmp_path):
+@pytest.mark.parametrize("loss", ["distill", "margin-mse"])
+def test_distillation_needs_scored_triples(init_dirs, triples_path, tmp_path, loss):
     with pytest.raises(ValueError, match="distill loss needs scored triples.*--teacher-scores"):
-        train(_settings(tmp_path, "mores", init_dirs("mores"), triples_path, loss="distill"), progress=False)
+        train(_settings(tmp_path, "mores", init_dirs("mores"), triples_path, loss=loss), progress=False)
 
 
 def test_training_with_batch_negatives_scores_the_borrowed_positives(init_dirs, triples_path, tmp_path,

@@ -11,6 +11,10 @@ Conventions (all functions return a scalar mean over the batch, computed in fp32
   positive first this is PreTTR's pairwise softmax loss ``-log softmax([s⁺, s⁻])[0]``.
 * **distill** — the same softmax cross-entropy against a teacher's softmax over the group instead of the labels
   (listwise knowledge distillation).
+* **margin-mse** — Margin-MSE (Hofstätter et al. 2020, "Improving Efficient Neural Ranking Models with
+  Cross-Architecture Knowledge Distillation"): the squared error between the student's and the teacher's margins
+  ``s⁺ − s⁻``, so a student of another architecture learns the teacher's differences, not its score scale.
+* :func:`hidden_state_mse` — dense per-token supervision where a student's states mirror a teacher's layer.
 """
 from __future__ import annotations
 
@@ -114,5 +118,47 @@ def listwise_distillation(grouped_scores: torch.Tensor, teacher_scores: torch.Te
     return listwise_softmax_cross_entropy(grouped_scores, target)
 
 
+def margin_mse(grouped_scores: torch.Tensor, teacher_scores: torch.Tensor) -> torch.Tensor:
+    """Mean over (positive, negative) pairs of ``((s⁺ − s⁻) − (t⁺ − t⁻))²`` (Margin-MSE, Hofstätter et al. 2020).
+
+    Args:
+        grouped_scores: ``[Q, G]`` student scores, the positive in column 0.
+        teacher_scores: ``[Q, G]`` teacher scores of the same candidates; a non-finite teacher score (``-inf``: a
+            batch negative the teacher never scored) leaves its pair out.
+
+    Example:
+        >>> margin_mse(torch.tensor([[3.0, 1.0]]), torch.tensor([[5.0, 2.0]]))  # ((3 - 1) - (5 - 2))² = 1
+        tensor(1.)
+    """
+    student = grouped_scores.float()
+    teacher = teacher_scores.float().to(student.device)
+    student_margins = student[:, :1] - student[:, 1:]
+    teacher_margins = teacher[:, :1] - teacher[:, 1:]
+    scored = torch.isfinite(teacher_margins)
+    if not bool(scored.any()):
+        return (student * 0).sum()  # nothing the teacher scored: zero loss, graph kept
+    return (student_margins[scored] - teacher_margins[scored]).pow(2).mean()
+
+
+def hidden_state_mse(student_states: torch.Tensor, teacher_states: torch.Tensor,
+                     mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean squared error between aligned token states, averaged over the real tokens.
+
+    Args:
+        student_states: ``[B, L, n]``, e.g. MORES's query-token states after interaction block k.
+        teacher_states: ``[B, L, n]``, the teacher's states of the same tokens at the mirrored layer (a
+            cross-encoder's query tokens at layer L − K + k); no gradient flows into the teacher.
+        mask: ``[B, L]``, 1 for real tokens; ``None``: every token counts.
+    """
+    if student_states.shape != teacher_states.shape:
+        raise ValueError(f"student states {tuple(student_states.shape)} and teacher states "
+                         f"{tuple(teacher_states.shape)} must have the same shape")
+    squared = (student_states.float() - teacher_states.detach().float()).pow(2).mean(-1)
+    if mask is None:
+        return squared.mean()
+    weights = mask.to(squared.dtype)
+    return (squared * weights).sum() / weights.sum().clamp(min=1)
+
+
 __all__ = ["ranking_scores", "pointwise_cross_entropy", "pairwise_hinge", "listwise_softmax_cross_entropy",
-           "listwise_distillation"]
+           "listwise_distillation", "margin_mse", "hidden_state_mse"]

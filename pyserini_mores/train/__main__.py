@@ -77,8 +77,9 @@ def define_train_args(parser: argparse.ArgumentParser) -> None:
                                                        "checkpoints, logs)")
     opt = parser.add_argument_group("optimisation")
     opt.add_argument("--loss", choices=LOSSES, default=S,
-                     help="pointwise 2-class CE, pairwise hinge, listwise softmax CE, or distill: listwise softmax CE "
-                          "against a teacher's scores (scored triples from mine-negatives --teacher-scores) (default: "
+                     help="pointwise 2-class CE, pairwise hinge, listwise softmax CE, distill: listwise softmax CE "
+                          "against a teacher's scores, or margin-mse: Margin-MSE against the teacher's score margins "
+                          "(both need scored triples from mine-negatives --teacher-scores) (default: "
                           "each paper's: pointwise for MORES and the cross-encoder, listwise = pairwise softmax for "
                           "PreTTR, hinge for TK)")
     opt.add_argument("--margin", type=float, default=S, help="pairwise hinge margin (default 1, TK)")

@@ -14,12 +14,12 @@ from typing import Iterable, Sequence
 import torch
 from torch import nn
 
-from ..models.losses import (listwise_distillation, listwise_softmax_cross_entropy, pairwise_hinge,
+from ..models.losses import (listwise_distillation, listwise_softmax_cross_entropy, margin_mse, pairwise_hinge,
                              pointwise_cross_entropy, ranking_scores)
-from ._choices import LOSSES, TRAIN_MODULES
+from ._choices import LOSSES, TEACHER_LOSSES, TRAIN_MODULES
 
 
-#: why the ``distill`` loss refuses unscored triples, and the command that scores them
+#: why the teacher losses (``distill``, ``margin-mse``) refuse unscored triples, and the command that scores them
 UNSCORED_TRIPLES = ("the distill loss needs scored triples (a teacher's scores in fields 4 and 5): write them with "
                     "mine-negatives --run TEACHER_RUN --teacher-scores")
 
@@ -35,6 +35,7 @@ def ranking_loss(model: nn.Module, batch: dict, loss: str = "pointwise", margin:
     * ``listwise`` — softmax CE over each group's ``1 + k`` scores; with one negative this is PreTTR's pairwise
       softmax loss ``−log softmax([s⁺, s⁻])[0]``.
     * ``distill`` — softmax CE against ``softmax(teacher_scores / temperature)`` of each group (scored triples).
+    * ``margin-mse`` — Margin-MSE against the teacher's margins of each (positive, negative) pair (scored triples).
     """
     query_batch, doc_batch = batch["query_batch"], batch["doc_batch"]
     if loss == "pointwise":
@@ -52,9 +53,9 @@ def loss_of_outputs(outputs: torch.Tensor, labels: torch.Tensor, group_size: int
     group's positive first — whichever way they were computed (from text, or from stored documents).
 
     Raises:
-        ValueError: for ``distill`` without ``teacher_scores`` ``[G, 1+k]``.
+        ValueError: for ``distill`` or ``margin-mse`` without ``teacher_scores`` ``[G, 1+k]``.
     """
-    if loss == "distill" and teacher_scores is None:
+    if loss in TEACHER_LOSSES and teacher_scores is None:
         raise ValueError(UNSCORED_TRIPLES)
     if loss == "pointwise":
         return pointwise_cross_entropy(outputs, labels.to(outputs.device))
@@ -65,6 +66,8 @@ def loss_of_outputs(outputs: torch.Tensor, labels: torch.Tensor, group_size: int
         return listwise_softmax_cross_entropy(scores)
     if loss == "distill":
         return listwise_distillation(scores, teacher_scores.to(scores.device), temperature)
+    if loss == "margin-mse":
+        return margin_mse(scores, teacher_scores)
     raise ValueError(f"unknown loss '{loss}'; choose from {', '.join(LOSSES)}")
 
 

@@ -43,7 +43,7 @@ from ..precision import resolve_precision
 from ..models import RankingModel, load_model, model_class
 from ..models.base import CONFIG_NAME, WEIGHTS_NAME
 from ..models.registry import ModelTable
-from ._choices import LOSSES, SCHEDULERS, TRAIN_MODULES
+from ._choices import LOSSES, SCHEDULERS, TEACHER_LOSSES, TRAIN_MODULES
 from .data import GroupCollator, TrainingGroup, load_groups, with_batch_negatives
 from .objectives import (UNSCORED_TRIPLES, RankingObjective, batch_to_device, count_parameters, parameter_groups,
                          select_trainable, set_dropout)
@@ -436,7 +436,7 @@ def train(
     seed_everything(settings.seed)
     if groups is None:
         groups = load_groups(settings.triples, settings.negatives_per_example, settings.max_triples)
-    if settings.loss == "distill" and groups[0].teacher_scores is None:
+    if settings.loss in TEACHER_LOSSES and groups[0].teacher_scores is None:
         raise ValueError(f"{UNSCORED_TRIPLES}; {settings.triples} has none")
     steps_per_epoch = len(groups) // settings.groups_per_step
     if steps_per_epoch == 0:
