@@ -423,3 +423,44 @@ def test_forward_logits_train_with_pointwise_loss(tokenizer, tiny_dims):
     assert model.interaction_module.blocks[0].cross_attention.key.weight.grad.abs().sum() > 0
     assert model.query_module.embeddings.word_embeddings.weight.grad.abs().sum() > 0
     assert model.document_module.embeddings.word_embeddings.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("n_blocks", [1, 2])
+def test_a_shorter_document_module_scores_the_same_stored_or_not(tokenizer, tiny_dims, n_blocks, tied):
+    """document_layers = L − K (the ablation): training forward = S1 = S2 as with the full document module."""
+    dims = dims_for(tiny_dims, n_blocks)
+    model = make_model(dims, tokenizer, n_interaction_blocks=n_blocks, tied=tied,
+                       document_layers=dims.num_hidden_layers - n_blocks)
+    assert len(model.document_module.layers) == dims.num_hidden_layers - n_blocks
+    with torch.no_grad():
+        trained = model(model.tokenize_queries([QUERY] * len(DOCUMENTS)), model.tokenize_documents(DOCUMENTS))
+        s1 = stored_scores(model, QUERY, DOCUMENTS, "s1")
+        s2 = stored_scores(model, QUERY, DOCUMENTS, "s2")
+    assert trained.std() > 0.05
+    torch.testing.assert_close(s1, trained, atol=1e-4, rtol=0)
+    torch.testing.assert_close(s2, trained, atol=1e-4, rtol=0)
+
+
+def test_a_shorter_document_module_takes_the_backbones_first_layers(hf_backbone, tmp_path):
+    directory, hf_model = hf_backbone
+    model = MoresModel.from_backbone(directory, n_interaction_blocks=2, tied=False, document_layers=2)
+    batch = model.tokenize_documents(["vim is a text editor", "the linux kernel"])
+    with torch.no_grad():
+        expected = hf_model(**batch, output_hidden_states=True).hidden_states[2]  # after the first L − K layers
+        doc_states = model.document_module(batch["input_ids"], batch["attention_mask"])
+    real = batch["attention_mask"].bool()
+    torch.testing.assert_close(doc_states[real], expected[real], atol=1e-5, rtol=1e-5)
+    model.save_pretrained(tmp_path)
+    loaded = load_model("mores", tmp_path)
+    assert loaded.config.document_layers == 2 and len(loaded.document_module.layers) == 2
+    assert loaded.fingerprint() == model.fingerprint()
+    full = MoresModel.from_backbone(directory, n_interaction_blocks=2, tied=False)
+    assert full.fingerprint() != model.fingerprint()
+
+
+@pytest.mark.parametrize("document_layers", [1, 5])
+def test_document_layers_must_lie_between_l_minus_k_and_l(tiny_dims, tokenizer, document_layers):
+    dims = dataclasses.replace(tiny_dims, num_hidden_layers=4)
+    with pytest.raises(ValueError, match="document_layers must be from L − K = 2 to L = 4"):
+        make_model(dims, tokenizer, n_interaction_blocks=2, document_layers=document_layers)

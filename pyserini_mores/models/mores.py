@@ -57,7 +57,6 @@ from ._layers import (
     attention_mask_from_ids,
     convert_hf_bert_state_dict,
     key_padding_mask,
-    load_bert_weights,
     score_head,
 )
 from .backbones import DEFAULT_BACKBONE
@@ -102,6 +101,11 @@ class MoresConfig(RankingConfig):
             head-major, every attention head's stored keys contiguous (the gather transposes; attention runs
             faster); ``"tokens"`` — as stored; ``"auto"`` (default) — heads when a head is at least
             :data:`HEAD_MAJOR_MIN_HEAD_DIM` wide. See :attr:`MoresModel.stored_heads`.
+        document_layers: layers of the document module; ``None`` — all L (the paper). ``L − K`` (or anything from
+            ``L − K`` to ``L``) is an ablation beyond the paper: block ``i`` copies layer ``L − K + i``, which in
+            the backbone read states of depth ``L − K + i``; with ``L − K`` document layers the first block reads
+            document states at exactly the depth its copied weights were trained on (and documents cost fewer
+            layers to encode).
     """
 
     n_interaction_blocks: int = 2
@@ -111,6 +115,7 @@ class MoresConfig(RankingConfig):
     num_labels: int = 2
     ib_init: str = "copy"
     s2_reads: str = "auto"
+    document_layers: int | None = None
 
     def __post_init__(self):
         _check_choice("pooling", self.pooling, POOLINGS)
@@ -123,11 +128,22 @@ class MoresConfig(RankingConfig):
             raise ValueError(f"tied must be true or false, not {self.tied!r}")
         if self.n_interaction_blocks < 1:
             raise ValueError(f"n_interaction_blocks must be at least 1, not {self.n_interaction_blocks}")
+        if self.document_layers is not None and self.encoder is not None and not (
+                self.encoder.num_hidden_layers - self.n_interaction_blocks <= self.document_layers
+                <= self.encoder.num_hidden_layers):
+            raise ValueError(f"document_layers must be from L − K = "
+                             f"{self.encoder.num_hidden_layers - self.n_interaction_blocks} to L = "
+                             f"{self.encoder.num_hidden_layers}, not {self.document_layers}")
         if self.encoder is not None and self.n_interaction_blocks >= self.encoder.num_hidden_layers:
             raise ValueError(
                 f"n_interaction_blocks={self.n_interaction_blocks} needs an encoder with more layers than that "
                 f"(the query module keeps L − K ≥ 1 layers); this one has {self.encoder.num_hidden_layers}"
             )
+
+    @property
+    def n_document_layers(self) -> int:
+        """The layers of the document module (``document_layers``, or all L)."""
+        return self.encoder.num_hidden_layers if self.document_layers is None else self.document_layers
 
     @property
     def n_query_layers(self) -> int:
@@ -324,7 +340,7 @@ class MoresModel(RankingModel):
         config.__post_init__()  # re-validate: fields may have been changed after construction
         super().__init__(config, tokenizer)
         dims = config.encoder
-        self.document_module = BertEncoder(dims)
+        self.document_module = BertEncoder(replace(dims, num_hidden_layers=config.n_document_layers))
         n_query = config.n_query_layers
         if config.tied:
             query_layers = nn.ModuleList(self.document_module.layers[:n_query])  # the same module objects
@@ -356,8 +372,11 @@ class MoresModel(RankingModel):
 
     def load_bert_weights(self, hf_state_dict: dict[str, torch.Tensor]) -> None:
         """Initialise every module except the head from one HF BERT state dict (see :meth:`from_backbone`)."""
-        load_bert_weights(self.document_module, hf_state_dict)
         weights = convert_hf_bert_state_dict(hf_state_dict)
+        kept = self.config.n_document_layers  # a shorter document module takes the backbone's first layers
+        self.document_module.load_state_dict(
+            {name: value for name, value in weights.items()
+             if not (name.startswith("layers.") and int(name.split(".")[1]) >= kept)}, strict=True)
         self.query_module.embeddings.load_state_dict(_sub_state(weights, "embeddings."))
         n_query = self.config.n_query_layers
         if not self.config.tied:
@@ -535,7 +554,7 @@ class MoresModel(RankingModel):
         """
         if docs is None and doc_batch is None:
             raise ValueError("MORES attention maps need stored documents (docs, lengths) or their text (doc_batch)")
-        num_layers = self.config.encoder.num_hidden_layers
+        num_layers = self.config.n_document_layers
         layer = num_layers if layer is None else int(layer)
         if not 1 <= layer <= num_layers:
             raise ValueError(f"the document module has layers 1..{num_layers}; got layer {layer}")
