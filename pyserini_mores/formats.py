@@ -31,6 +31,7 @@ __all__ = [
     "read_topics",
     "read_qrels",
     "read_run",
+    "read_ranked_run",
     "read_collection",
     "write_run",
     "write_topics",
@@ -278,6 +279,24 @@ def read_run(path: PathLike, *, run_format: RunFormat | None = None) -> dict[str
         if tied:
             _raise_repeated_rank(path, tied)
     return run
+
+
+def read_ranked_run(path: PathLike, *, run_format: RunFormat | None = None) -> dict[str, list[tuple[str, float]]]:
+    """A run file (as :func:`read_run`) as each query's ranking: qid → ``[(docid, score), ...]``, best first.
+
+    The order is the one trec_eval evaluates: by score, higher first, ties by docid in decreasing order (an MS MARCO
+    run's scores are ``-rank``, so its ranks). It depends on the lines alone, not on their order in the file, so a
+    run whose lines were shuffled or whose queries are interleaved reads the same. Queries come in file order.
+    """
+    return {qid: sorted(hits.items(), key=_trec_eval_order)
+            for qid, hits in read_run(path, run_format=run_format).items()}
+
+
+def _trec_eval_order(hit: tuple[str, float]) -> tuple[float, tuple[int, ...]]:
+    docid, score = hit
+    # Decreasing docid as a key of an ascending sort: its code points negated (a prefix sorts after a longer docid,
+    # as in trec_eval's strcmp order reversed).
+    return -score, tuple(-ord(character) for character in docid) + (1,)
 
 
 def _raise_repeated_rank(path: PathLike, qids: set[str]) -> None:

@@ -54,14 +54,24 @@ class RerankStats:
 
     Attributes:
         candidates: first-stage hits the query had.
-        depth: how many of them, from the top, were reranked; the others kept their first-stage order.
+        depth: how many of them, from the top, the rerank stage was given (``rerank_depth``, or the depth a time
+            budget buys); the others kept their first-stage order.
         rerank_ms: wall time of the rerank stage (text fetch when the reranker scores text, query encoding, sidecar
             reads, scoring, sorting), ms; 0.0 when nothing was reranked.
+        scored: how many of the ``depth``, from the top, were scored and reranked (default: ``depth``); fewer when a
+            time budget's deadline stopped the scoring, and the rest then kept their first-stage order too.
+        deadline_cut: whether the deadline stopped the scoring before ``depth``.
     """
 
     candidates: int
     depth: int
     rerank_ms: float
+    scored: int | None = None
+    deadline_cut: bool = False
+
+    def __post_init__(self):
+        if self.scored is None:
+            object.__setattr__(self, "scored", self.depth)
 
 
 def hits_to_texts(hits: Iterable, texts: Iterable[str | None] | None = None) -> list[Text]:

@@ -1,10 +1,12 @@
 """python -m pyserini_mores.budget — sweep per-query rerank time budgets for several rerankers.
 
 For every reranker and budget B (ms), each query is reranked to the deepest depth whose predicted cost fits B (the
-cost model is measured once per reranker on this machine and cached; --recalibrate measures again); the hits below
-keep their BM25 order. Budgets cover the rerank stage only (text fetch, query encoding, sidecar reads, scoring);
-BM25 is excluded. Writes budget_sweep.{tsv,md,json,png} to --output-dir: budget → depth → MRR@10/nDCG@10 and the
-measured median ms/query, and a plot of effectiveness against budget, one line per reranker.
+cost model is measured once per reranker on this machine and cached; --recalibrate measures again), and B after
+the rerank stage starts is its deadline: no batch of candidates is started that would end after it; the candidates
+not scored, and the hits below the depth, keep their BM25 order. Budgets cover the rerank stage only (text fetch,
+query encoding, sidecar reads, scoring); BM25 is excluded. Writes budget_sweep.{tsv,md,json,png} to --output-dir:
+budget → depth (and candidates scored in time) → MRR@10/nDCG@10, the measured p50/p95/p99 ms/query and the
+fraction of queries within B, and a plot of effectiveness against budget, one line per reranker.
 
 Rerankers are given as NAME or NAME:MODEL, where NAME is a registered reranker (bm25, maxsim, mores, prettr, tk,
 cross-encoder) and MODEL a trained checkpoint directory or a backbone (default: minilm). Learned rerankers that read

@@ -74,7 +74,8 @@ def parse_reranker_specs(specs: Sequence[str], model_args: dict[str | None, dict
 
 @dataclass
 class SweepRow:
-    """One reranker × budget: depths (candidates reranked per query), effectiveness and rerank time (ms/query)."""
+    """One reranker × budget: depths (candidates given to the reranker per query, from the cost model, and those
+    scored before the deadline), effectiveness, and the measured rerank time per query against the budget."""
 
     reranker: str
     budget_ms: float
@@ -82,11 +83,14 @@ class SweepRow:
     depth_median: float
     depth_min: int
     depth_max: int
+    scored_mean: float  # candidates scored per query: the depth, less what the deadline cut
+    deadline_cut: float  # fraction of queries whose scoring the deadline stopped before the depth
     predicted_ms: float
     metrics: dict[str, float]
-    median_ms: float
-    p90_ms: float
-    over_budget: float  # fraction of queries whose rerank stage took longer than the budget
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    within_budget: float  # fraction of queries whose rerank stage took at most the budget
     queries: int
 
     def to_dict(self) -> dict[str, Any]:
@@ -139,6 +143,7 @@ def run_sweep(searchers: dict[str, Any], topics: dict[str, str], qrels: dict[str
     configs = [(label, budget) for label in searchers for budget in budgets]
     results = {config: {} for config in configs}
     depths = {config: [] for config in configs}
+    scored = {config: [] for config in configs}
     times = {config: [] for config in configs}
     first = next(iter(searchers.values()))
     depth = max(hits, max(searcher.rerank_depth for searcher in searchers.values()))
@@ -154,6 +159,7 @@ def run_sweep(searchers: dict[str, Any], topics: dict[str, str], qrels: dict[str
                 ranked, stats = searchers[label].rerank_hits(topics[qid], candidates, time_budget_ms=budget)
                 results[label, budget][qid] = ranked[:hits]
                 depths[label, budget].append(stats.depth)
+                scored[label, budget].append(stats.scored)
                 times[label, budget].append(stats.rerank_ms)
             bar.update(1)
     bar.close()
@@ -161,7 +167,7 @@ def run_sweep(searchers: dict[str, Any], topics: dict[str, str], qrels: dict[str
     rows = []
     for label, budget in configs:
         evaluation = evaluate(results_to_run(results[label, budget]), qrels, SWEEP_METRICS)
-        chosen, measured = depths[label, budget], times[label, budget]
+        chosen, measured, done = depths[label, budget], times[label, budget], scored[label, budget]
         searcher = searchers[label]
         planned = calibrations[label].depth_for_budget(budget, searcher.rerank_depth)
         rows.append(SweepRow(
@@ -169,17 +175,20 @@ def run_sweep(searchers: dict[str, Any], topics: dict[str, str], qrels: dict[str
             depth_mean=statistics.fmean(chosen) if chosen else 0.0,
             depth_median=float(statistics.median(chosen)) if chosen else 0.0,
             depth_min=min(chosen, default=0), depth_max=max(chosen, default=0),
+            scored_mean=statistics.fmean(done) if done else 0.0,
+            deadline_cut=sum(n < given for n, given in zip(done, chosen)) / len(chosen) if chosen else 0.0,
             predicted_ms=calibrations[label].predict_ms(planned),
             metrics=dict(evaluation.aggregate),
-            median_ms=statistics.median(measured) if measured else 0.0,
-            p90_ms=_percentile(measured, 0.9),
-            over_budget=sum(ms > budget for ms in measured) / len(measured) if measured else 0.0,
+            p50_ms=_percentile(measured, 0.5), p95_ms=_percentile(measured, 0.95),
+            p99_ms=_percentile(measured, 0.99),
+            within_budget=sum(ms <= budget for ms in measured) / len(measured) if measured else 1.0,
             queries=len(chosen),
         ))
     return SweepResult(rows, calibrations, dict(settings or {}), results if keep_runs else {})
 
 
 def _percentile(values: Sequence[float], fraction: float) -> float:
+    """The nearest-rank percentile: the smallest value with at least ``fraction`` of ``values`` at or below it."""
     if not values:
         return 0.0
     ordered = sorted(values)
@@ -188,15 +197,16 @@ def _percentile(values: Sequence[float], fraction: float) -> float:
 
 # ----------------------------------------------------------------------------------------------------- outputs
 
-TABLE_COLUMNS = ("reranker", "budget_ms", "depth_mean", "depth_median", "MRR@10", "nDCG@10", "median_ms",
-                 "p90_ms", "over_budget", "predicted_ms", "queries")
+TABLE_COLUMNS = ("reranker", "budget_ms", "depth_mean", "depth_median", "MRR@10", "nDCG@10", "scored_mean",
+                 "deadline_cut", "p50_ms", "p95_ms", "p99_ms", "within_budget", "predicted_ms", "queries")
 
 
 def _table_cells(row: SweepRow) -> list[str]:
     budget = "inf" if math.isinf(row.budget_ms) else f"{row.budget_ms:g}"
     return [row.reranker, budget, f"{row.depth_mean:.1f}", f"{row.depth_median:g}",
-            f"{row.metrics['MRR@10']:.4f}", f"{row.metrics['nDCG@10']:.4f}", f"{row.median_ms:.1f}",
-            f"{row.p90_ms:.1f}", f"{row.over_budget:.0%}", f"{row.predicted_ms:.1f}", str(row.queries)]
+            f"{row.metrics['MRR@10']:.4f}", f"{row.metrics['nDCG@10']:.4f}", f"{row.scored_mean:.1f}",
+            f"{row.deadline_cut:.0%}", f"{row.p50_ms:.1f}", f"{row.p95_ms:.1f}", f"{row.p99_ms:.1f}",
+            f"{row.within_budget:.0%}", f"{row.predicted_ms:.1f}", str(row.queries)]
 
 
 def format_tsv(rows: Sequence[SweepRow]) -> str:

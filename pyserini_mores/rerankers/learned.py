@@ -6,8 +6,11 @@ import contextlib
 import copy
 import json
 import logging
+import math
 import os
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,11 @@ logger = logging.getLogger(__name__)
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
 DEFAULT_MODEL = "minilm"
+#: Under a deadline, a query's candidates are scored in at least this many batches (fewer only when they would be
+#: smaller than :data:`DEADLINE_MIN_BATCH`), so that stopping between batches can keep close to the deadline.
+DEADLINE_SLICES = 4
+#: ... and no batch is started smaller than this: its per-call overhead would make the time prediction unreliable.
+DEADLINE_MIN_BATCH = 16
 
 
 class ModelReranker(Reranker):
@@ -121,6 +129,28 @@ class ModelReranker(Reranker):
             text.score = float(score)
         return texts
 
+    def rerank_until(self, query: Query | str, texts: list[Text], deadline: float, *,
+                     per_candidate_ms: float | None = None) -> list[Text]:
+        """Rerank the head of ``texts`` (best first, as given) until ``deadline`` (a :func:`time.monotonic` time).
+
+        Candidates are scored batch by batch in their given order; no batch is started that is predicted to end
+        after the deadline: the prediction is the time per candidate of the batches scored so far, or before the
+        first, ``per_candidate_ms`` (e.g. the calibration's; ``None``: start it if time is left). Returns the texts
+        scored in time — the first ``len(result)`` of ``texts`` — with new scores, best first (ties keep their
+        order); the others are not touched. :meth:`rerank` scores them all.
+        """
+        query = query if isinstance(query, Query) else Query(query)
+        if not texts:
+            return []
+        for text in texts:
+            text.metadata.setdefault("first_stage_score", text.score)
+        with torch.inference_mode(), self._autocast():
+            scores = self._scores(query.text, texts, deadline=deadline, per_candidate_ms=per_candidate_ms)
+        scored = texts[:len(scores)]
+        for text, score in zip(scored, scores.tolist()):
+            text.score = float(score)
+        return sorted(scored, key=lambda text: -text.score)
+
     def rerank(self, query: Query | str, texts: list[Text], *, explain: bool = False) -> list[Text]:
         """As :meth:`Reranker.rerank`; with ``explain=True`` each text also gets
         ``metadata['explanation']``: the numbers behind its score as plain lists (for TK: per-kernel log and length
@@ -150,27 +180,43 @@ class ModelReranker(Reranker):
                         for key, value in numbers.items() if isinstance(value, torch.Tensor)
                     }
 
-    def _scores(self, query: str, texts: list[Text]) -> torch.Tensor:
+    def _scores(self, query: str, texts: list[Text], *, deadline: float | None = None,
+                per_candidate_ms: float | None = None) -> torch.Tensor:
+        """Scores of ``texts``; under a ``deadline`` (see :meth:`rerank_until`) of their first ``len(result)``."""
         model = self.scoring_model
         if model.store_width is None:
             documents = [_require_text(text, self.name) for text in texts]
-            return torch.cat([model.score_texts(query, documents[i:i + self.batch_size]).float()
-                              for i in range(0, len(documents), self.batch_size)])
+            return _concat([model.score_texts(query, documents[start:stop]).float()
+                            for start, stop in self._batches(len(documents), deadline, per_candidate_ms)])
         query_state = model.encode_query(model.tokenize_queries([query]))
         if self.sidecar is None:
-            return self._score_from_text(query_state, texts)
+            return self._score_from_text(query_state, texts, deadline, per_candidate_ms)
         rows = self._sidecar_rows(texts)
         scores = torch.empty(len(texts))
-        # Group candidates of similar length so batches carry little padding.
-        order = np.argsort(self.sidecar.lengths(rows), kind="stable")
+        # Group candidates of similar length so batches carry little padding: all of them, or under a deadline
+        # within each batch, since batches then follow the given order (the best first-stage candidates first).
+        lengths_of_rows = self.sidecar.lengths(rows)
+        if deadline is None:
+            order = np.argsort(lengths_of_rows, kind="stable")
+            chunks = (order[start:start + self.batch_size] for start in range(0, len(order), self.batch_size))
+        else:
+            chunks = (start + np.argsort(lengths_of_rows[start:stop], kind="stable")
+                      for start, stop in self._batches(len(texts), deadline, per_candidate_ms))
         buffer = self._batch_buffer()
-        for start in range(0, len(order), self.batch_size):
-            chunk = order[start:start + self.batch_size]
+        scored = 0
+        for chunk in chunks:
             # Under bf16 the stored rows go straight to bf16: no fp32 copy of the candidates is ever made.
             docs, lengths = self.sidecar.get_batch(rows[chunk], dtype=PRECISIONS[self.precision] or torch.float32,
                                                    buffer=buffer, heads=model.stored_heads)
             scores[torch.from_numpy(chunk)] = model.score(query_state, docs, lengths).float()
-        return scores
+            scored += len(chunk)
+        return scores if deadline is None else scores[:scored]
+
+    def _batches(self, count: int, deadline: float | None, per_candidate_ms: float | None
+                 ) -> Iterator[tuple[int, int]]:
+        if deadline is None:
+            return ((start, min(count, start + self.batch_size)) for start in range(0, count, self.batch_size))
+        return paced_batches(count, self.batch_size, deadline, per_candidate_ms)
 
     def release_memory(self) -> None:
         """Drop every thread's batch memory (see the class docstring); the next batch allocates afresh."""
@@ -183,15 +229,16 @@ class ModelReranker(Reranker):
             buffer = self._buffers.buffer = BatchBuffer()
         return buffer
 
-    def _score_from_text(self, query_state: Any, texts: list[Text]) -> torch.Tensor:
+    def _score_from_text(self, query_state: Any, texts: list[Text], deadline: float | None = None,
+                         per_candidate_ms: float | None = None) -> torch.Tensor:
         model = self.scoring_model
         documents = [_require_text(text, self.name) for text in texts]
         scores = []
-        for start in range(0, len(documents), self.batch_size):
-            doc_reps = model.encode_documents(model.tokenize_documents(documents[start:start + self.batch_size]))
+        for start, stop in self._batches(len(documents), deadline, per_candidate_ms):
+            doc_reps = model.encode_documents(model.tokenize_documents(documents[start:stop]))
             docs, lengths = pad_documents([rep.float() for rep in doc_reps])
             scores.append(model.score(query_state, docs, lengths).float())
-        return torch.cat(scores)
+        return _concat(scores)
 
     def _sidecar_rows(self, texts: list[Text]) -> np.ndarray:
         """The sidecar row of every candidate: its ``lucene_docid`` once the sidecar's docid at that row is checked
@@ -304,6 +351,37 @@ def _warn_on_build_precision(sidecar, precision: str, name: str) -> None:
         "a from-text fp32 run only to bf16 accuracy. For fp32-exact scores rebuild it with `python -m "
         "pyserini_mores.sidecar build --precision fp32 --overwrite` (and the same --index, --reranker, --model and "
         "--output)", name, sidecar.path)
+
+
+def paced_batches(count: int, batch_size: int, deadline: float, per_candidate_ms: float | None = None
+                  ) -> Iterator[tuple[int, int]]:
+    """``(start, stop)`` batches over ``count`` candidates in order, none started that is predicted to end after
+    ``deadline`` (:func:`time.monotonic`). The consumer scores a batch before asking for the next one, so the time
+    between two requests is what the batch cost: the prediction is the time per candidate so far (before the first
+    batch, ``per_candidate_ms``). Batches are at most ``batch_size`` and, so that stopping between them keeps close
+    to the deadline, a :data:`DEADLINE_SLICES`-th of ``count`` (not below :data:`DEADLINE_MIN_BATCH`); the last one
+    that fits may be shortened to what the time left allows."""
+    size = max(1, min(batch_size, max(DEADLINE_MIN_BATCH, math.ceil(count / DEADLINE_SLICES))))
+    seconds_per_candidate = max(per_candidate_ms or 0.0, 0.0) / 1000
+    spent, done, start = 0.0, 0, 0
+    while start < count:
+        now = time.monotonic()
+        left = deadline - now
+        if done:
+            seconds_per_candidate = spent / done
+        wanted = min(size, count - start)
+        affordable = left / seconds_per_candidate if seconds_per_candidate > 0 else math.inf
+        fitting = wanted if affordable >= wanted else int(affordable)
+        if left <= 0 or fitting < min(wanted, DEADLINE_MIN_BATCH):
+            return
+        yield start, start + fitting
+        spent += time.monotonic() - now
+        done += fitting
+        start += fitting
+
+
+def _concat(scores: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat(scores) if scores else torch.empty(0)
 
 
 def _per_document(value: torch.Tensor, batch: int) -> bool:

@@ -1,6 +1,8 @@
-"""python -m pyserini_mores.search — BM25 with Pyserini, then a learned reranker; writes a TREC/MS MARCO run.
+"""python -m pyserini_mores.search — a first stage, then a learned reranker; writes a TREC/MS MARCO run.
 
-With no arguments it runs the embedded default: an offline slice of debian-packages shipped with the package.
+The first stage is BM25 with Pyserini (default), BM25 + RM3 (--first-stage bm25+rm3), a Pyserini dense index
+(--first-stage dense --dense-index DIR), or any other first stage's candidates from a run file (--run). With no
+arguments it runs the embedded default: an offline slice of debian-packages shipped with the package.
 """
 from __future__ import annotations
 
@@ -16,9 +18,10 @@ from tqdm import tqdm
 from .._cli import define_model_args, parse_model_args, run_command
 from .._jvm import import_pyserini
 from ..eval.metrics import evaluate, format_metrics_table
-from ..formats import read_qrels, read_topics, results_to_run, write_run
+from ..formats import RUN_FORMATS, read_qrels, read_topics, results_to_run, write_run
 from ..index import fetch_texts
 from ..types import RerankedHit, RerankStats, hits_to_texts, texts_to_hits
+from .first_stage import FIRST_STAGES
 
 logger = logging.getLogger(__name__)
 
@@ -31,15 +34,39 @@ def define_search_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-format", choices=["trec", "msmarco"], default="trec")
     parser.add_argument("--hits", type=int, default=1000, help="hits per query in the run")
     parser.add_argument("--bm25", action="store_true",
-                        help="Pyserini's flag for a BM25 first stage, which is always the first stage here: accepted "
-                             "so that Pyserini's search commands run unchanged")
+                        help="Pyserini's flag for a BM25 first stage, the default here: accepted so that Pyserini's "
+                             "search commands run unchanged")
+    parser.add_argument("--first-stage", choices=list(FIRST_STAGES), default=None,
+                        help="first stage run with Pyserini: bm25 (default), bm25+rm3 (the index must store "
+                             "document vectors), or dense (--dense-index, searched with Pyserini's FaissSearcher)")
+    parser.add_argument("--rm3", action="store_true", help="Pyserini's flag for --first-stage bm25+rm3")
+    parser.add_argument("--fb-terms", type=int, default=10, help="RM3 expansion terms (Pyserini's set_rm3)")
+    parser.add_argument("--fb-docs", type=int, default=10, help="RM3 feedback documents (Pyserini's set_rm3)")
+    parser.add_argument("--original-query-weight", type=float, default=0.5,
+                        help="RM3 weight of the original query (Pyserini's set_rm3)")
+    parser.add_argument("--dense-index", metavar="DIR",
+                        help="with --first-stage dense: a Pyserini faiss index directory (files index and docid) or "
+                             "prebuilt name, of the documents of --index")
+    parser.add_argument("--encoder", default="minilm",
+                        help="with --first-stage dense: the query encoder, a Hugging Face model name or directory "
+                             "(default: minilm, the offline MiniLM-L6); it must be the documents' encoder")
+    parser.add_argument("--pooling", choices=["mean", "cls"], default="mean", help="query encoder pooling")
+    parser.add_argument("--l2-norm", action=argparse.BooleanOptionalAction, default=True,
+                        help="L2-normalise query vectors (default: yes)")
+    parser.add_argument("--run", metavar="FILE",
+                        help="rerank another first stage's candidates from this run file instead of running BM25; "
+                             "they are joined to the index by docid")
+    parser.add_argument("--run-format", choices=list(RUN_FORMATS), default=None,
+                        help="format of --run: trec or msmarco (default: detected)")
+    parser.add_argument("--skip-unknown-docids", action="store_true",
+                        help="with --run: drop candidates whose docids the index does not hold (default: an error)")
     parser.add_argument("--k1", type=float, default=None, help="BM25 k1 (default: Pyserini's for the index)")
     parser.add_argument("--b", type=float, default=None, help="BM25 b (default: Pyserini's for the index)")
     parser.add_argument("--batch-size", type=int, default=16, help="queries per BM25 batch")
     parser.add_argument("--threads", type=int, default=1, help="BM25 threads")
     define_model_args(parser, default_reranker=None)
     parser.add_argument("--sidecar", default=None, help="sidecar directory (default: beside the index)")
-    parser.add_argument("--rerank-depth", type=int, default=1000, help="BM25 hits reranked per query")
+    parser.add_argument("--rerank-depth", type=int, default=1000, help="first-stage hits reranked per query")
     parser.add_argument("--rerank-batch-size", type=int, default=250, help="candidates scored per model batch")
     parser.add_argument("--time-budget-ms", type=float, default=None, metavar="B",
                         help="per-query rerank time budget in ms (BM25 excluded): rerank the deepest depth <= "
@@ -59,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_search(args: argparse.Namespace) -> int:
     # The searcher imports torch: only now, so that --help stays instant.
+    from .first_stage import Dense, Rm3
     from .sample import DEFAULT_MODEL, DEFAULT_MODEL_ARGS, DEFAULT_RERANKER, prepare_sample, sample_searcher
     from .searcher import RerankingSearcher
 
@@ -90,23 +118,34 @@ def run_search(args: argparse.Namespace) -> int:
                            **overrides}
     if args.time_budget_ms is not None and not args.time_budget_ms >= 0:
         raise ValueError("--time-budget-ms must be >= 0")
+    first_stage = first_stage_of(args)
     searcher_kwargs = dict(k1=args.k1, b=args.b, rerank_depth=args.rerank_depth, time_budget_ms=args.time_budget_ms,
                            **reranker_kwargs)
+    if first_stage == "bm25+rm3":
+        searcher_kwargs.update(first_stage=first_stage, rm3=Rm3(args.fb_terms, args.fb_docs,
+                                                               args.original_query_weight))
+    if first_stage == "dense":
+        searcher_kwargs.update(first_stage=first_stage, dense=Dense(args.dense_index, args.encoder, args.pooling,
+                                                                    args.l2_norm))
     if embedded and not args.sidecar:
         searcher = sample_searcher(sample, reranker_name, **searcher_kwargs)
     else:
         searcher = RerankingSearcher(index, reranker_name, sidecar=args.sidecar or "auto", require_sidecar=True,
                                      **searcher_kwargs)
-    print(f"Index: {searcher.index.path} ({searcher.num_docs} documents), BM25 k1={searcher.k1} b={searcher.b}; "
-          f"reranker: {searcher.reranker.name}"
+    print(f"Index: {searcher.index.path} ({searcher.num_docs} documents), first stage: "
+          f"{describe_first_stage(searcher, args.run)}; reranker: {searcher.reranker.name}"
           + (f", sidecar {searcher.sidecar_path}" if searcher.sidecar_path else ""))
     budgeted = args.time_budget_ms is not None and 0 < args.time_budget_ms < float("inf") and args.rerank_depth
     if budgeted:  # calibrated now, after the sidecar is attached, so that no query's time includes it
         calibration = searcher.calibrate(recalibrate=args.recalibrate)
         print(f"Time budget {args.time_budget_ms:g} ms/query; calibrated cost {calibration.describe()}")
 
+    candidates = None
+    if args.run:
+        candidates = searcher.run_first_stage(args.run, topics, k=args.hits, run_format=args.run_format,
+                                              skip_unknown_docids=args.skip_unknown_docids)
     searched = search_topics(searcher, topics, hits=args.hits, batch_size=args.batch_size, threads=args.threads,
-                             keep_bm25=qrels is not None)
+                             keep_bm25=qrels is not None, candidates=candidates)
     results = searched.results
     if args.output:
         write_run(args.output, ((qid, results[qid]) for qid in topics), output_format=args.output_format,
@@ -121,12 +160,41 @@ def run_search(args: argparse.Namespace) -> int:
         print(f"Rerank depth under the {args.time_budget_ms:g} ms budget: median {statistics.median(depths):g}, "
               f"mean {statistics.fmean(depths):.1f}, range {min(depths)}-{max(depths)}")
     if qrels is not None:
-        print_metrics(qrels, {"BM25": searched.bm25, searcher.reranker.name: results})
+        first_stage_label = "run" if args.run else {"bm25": "BM25", "bm25+rm3": "BM25+RM3", "dense": "dense"}[
+            first_stage]
+        print_metrics(qrels, {first_stage_label: searched.bm25, searcher.reranker.name: results})
     examples = args.examples if args.examples is not None else (3 if embedded else 0)
     if examples:
         print_examples(searcher, topics, results, examples)
     searcher.close()
     return 0
+
+
+def first_stage_of(args: argparse.Namespace) -> str:
+    """The Pyserini first stage the flags ask for (with --run, the run is the first stage and this is unused)."""
+    first_stage = args.first_stage or ("bm25+rm3" if args.rm3 else "bm25")
+    if args.rm3 and first_stage != "bm25+rm3":
+        raise ValueError(f"--rm3 contradicts --first-stage {first_stage}")
+    if args.run and (args.rm3 or args.first_stage):
+        raise ValueError("--run replaces the first stage: give either --run or --first-stage/--rm3")
+    if (args.run_format or args.skip_unknown_docids) and not args.run:
+        raise ValueError("--run-format and --skip-unknown-docids apply to --run, which is not given")
+    if (first_stage == "dense") != bool(args.dense_index):
+        raise ValueError("--first-stage dense and --dense-index go together")
+    return first_stage
+
+
+def describe_first_stage(searcher, run: str | None) -> str:
+    if run:
+        return f"run {run}"
+    if searcher.dense is not None:
+        return f"dense index {searcher.dense.index}"
+    described = f"BM25 k1={searcher.k1} b={searcher.b}"
+    if searcher.rm3 is not None:
+        rm3 = searcher.rm3
+        described += (f" + RM3 fb_terms={rm3.fb_terms} fb_docs={rm3.fb_docs} "
+                      f"original_query_weight={rm3.original_query_weight}")
+    return described
 
 
 @dataclass
@@ -140,18 +208,21 @@ class TopicSearch:
 
 
 def search_topics(searcher, topics: dict[str, str], *, hits: int = 1000, batch_size: int = 16, threads: int = 1,
-                  keep_bm25: bool = False, progress: bool = True) -> TopicSearch:
-    """The top ``hits`` of every topic (qid → text) with ``searcher``: BM25 for ``batch_size`` queries at a time on
-    ``threads`` threads, then each query reranked in turn (so that its rerank time is its own). ``keep_bm25``
-    also keeps BM25's top ``hits``, e.g. to evaluate both."""
+                  keep_bm25: bool = False, progress: bool = True,
+                  candidates: dict[str, list] | None = None) -> TopicSearch:
+    """The top ``hits`` of every topic (qid → text) with ``searcher``: its first stage for ``batch_size`` queries at
+    a time on ``threads`` threads (or the given ``candidates``, qid → hits, e.g. from a run), then each query
+    reranked in turn (so that its rerank time is its own). ``keep_bm25`` also keeps the first stage's top ``hits``,
+    e.g. to evaluate both."""
     qids = list(topics)
     found = TopicSearch()
     bar = tqdm(total=len(qids), unit="query", desc="search", disable=not progress)
     for start in range(0, len(qids), batch_size):
         batch = qids[start:start + batch_size]
-        candidates = searcher.first_stage([topics[qid] for qid in batch], batch, k=hits, threads=threads)
+        batch_candidates = candidates if candidates is not None else \
+            searcher.first_stage([topics[qid] for qid in batch], batch, k=hits, threads=threads)
         for qid in batch:
-            first_stage = list(candidates.get(qid, []))
+            first_stage = list(batch_candidates.get(qid, []))
             if keep_bm25:
                 found.bm25[qid] = texts_to_hits(hits_to_texts(first_stage[:hits]))
             ranked, found.stats[qid] = searcher.rerank_hits(topics[qid], first_stage)

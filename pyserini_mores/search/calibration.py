@@ -10,7 +10,11 @@ every reranker the same, and Pyserini runs it for many queries at once on severa
 per-query share.
 
 The cost model is linear, ``fixed_ms + per_candidate_ms * n`` for ``n >= 1`` candidates (and 0 for none), fitted by
-least squares to the median time of several sizes ``n``, after a warm-up.
+least squares to the median time of several sizes ``n``, after a warm-up, with a non-negative slope; a prediction is
+never below the cheapest median measured at that size or a larger one (cost does not fall as candidates are added),
+so a depth is chosen only where the measurements say it fits. Calibration runs warm; the searcher's deadline (see
+:meth:`~.searcher.RerankingSearcher.rerank_hits`) keeps a query within its budget when a cold page cache or a longer
+query makes it slower than predicted.
 """
 from __future__ import annotations
 
@@ -52,7 +56,8 @@ NOISE_FLOOR_MS = 2.0
 
 @dataclass(frozen=True)
 class Calibration:
-    """A reranker's measured cost per query: ``fixed_ms + per_candidate_ms * n`` ms for ``n >= 1`` candidates.
+    """A reranker's measured cost per query: ``fixed_ms + per_candidate_ms * n`` ms for ``n >= 1`` candidates, or
+    more where the measured ``points`` say so (:meth:`predict_ms`).
 
     Attributes:
         fixed_ms: per-query cost independent of the candidates (query encoding, setup), ms.
@@ -76,14 +81,36 @@ class Calibration:
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, not {value}")
 
-    def predict_ms(self, candidates: int) -> float:
-        """Predicted rerank-stage time (ms) of one query with ``candidates`` candidates."""
+    def line_ms(self, candidates: int) -> float:
+        """The fitted line at ``candidates`` (0 for none)."""
         return 0.0 if candidates <= 0 else self.fixed_ms + self.per_candidate_ms * candidates
 
-    def depth_for_budget(self, budget_ms: float | None, max_depth: int) -> int:
-        """The largest ``n <= max_depth`` whose predicted cost is at most ``budget_ms``.
+    def predict_ms(self, candidates: int) -> float:
+        """Predicted rerank-stage time (ms) of one query with ``candidates`` candidates: the fitted line, and never
+        less than the measurements say (:meth:`measured_ms`)."""
+        return max(self.line_ms(candidates), self.measured_ms(candidates))
 
-        ``None`` or ``inf`` → ``max_depth``; a budget below the fixed cost (or 0) → 0: no reranking.
+    def measured_ms(self, candidates: int) -> float:
+        """What the measured medians alone say ``candidates`` candidates cost: reranking fewer candidates never costs
+        more, so the cheapest median measured at ``candidates`` or more; beyond the largest measured size, its
+        median scaled up in proportion (as if all of it were per candidate). 0 without measurements.
+
+        So a depth is predicted to fit a budget only when a size at least as large was measured to fit it: a line
+        fitted to noisy medians (flat, when the fitted slope was negative) cannot buy a depth the measurements
+        refuse."""
+        if candidates <= 0 or not self.points:
+            return 0.0
+        at_least = [ms for n, ms in self.points if n >= candidates]
+        if at_least:
+            return min(at_least)
+        largest, largest_ms = max(self.points)
+        return largest_ms * candidates / max(largest, 1)
+
+    def depth_for_budget(self, budget_ms: float | None, max_depth: int) -> int:
+        """The largest ``n <= max_depth`` whose predicted cost (:meth:`predict_ms`) is at most ``budget_ms``.
+
+        ``None`` or ``inf`` → ``max_depth``; a budget below the fixed cost (or 0) → 0: no reranking. A depth whose
+        measured cost (or that of a smaller size) was over the budget is never chosen, whatever the line says.
         """
         if max_depth <= 0:
             return 0
@@ -91,18 +118,20 @@ class Calibration:
             return max_depth
         if not budget_ms >= 0:
             raise ValueError(f"the time budget must be >= 0 ms, not {budget_ms}")
-        if budget_ms == 0 or self.fixed_ms > budget_ms:
+        if budget_ms == 0:
             return 0
-        if self.per_candidate_ms == 0:
+        # predict_ms is non-decreasing in n: the largest fitting depth by bisection, decided on the prediction
+        # itself, so that depth_for_budget and predict_ms never disagree.
+        if self.predict_ms(max_depth) <= budget_ms:
             return max_depth
-        depth = min(max_depth, int((budget_ms - self.fixed_ms) / self.per_candidate_ms))
-        # The division rounds; settle the boundary on the prediction itself, so that depth_for_budget and
-        # predict_ms never disagree.
-        while depth > 0 and self.predict_ms(depth) > budget_ms:
-            depth -= 1
-        while depth < max_depth and self.predict_ms(depth + 1) <= budget_ms:
-            depth += 1
-        return depth
+        fits, over = 0, max_depth
+        while over - fits > 1:
+            middle = (fits + over) // 2
+            if self.predict_ms(middle) <= budget_ms:
+                fits = middle
+            else:
+                over = middle
+        return fits
 
     @classmethod
     def fit(cls, points: Sequence[tuple[int, float]], **fields: Any) -> "Calibration":
@@ -134,7 +163,7 @@ class Calibration:
     def max_relative_error(self) -> float:
         """The worst relative gap between the line and a measured point of at least :data:`NOISE_FLOOR_MS`
         (shorter timings are all jitter): large when the machine was busy while measuring."""
-        return max((abs(self.predict_ms(n) - ms) / ms for n, ms in self.points if ms >= NOISE_FLOOR_MS),
+        return max((abs(self.line_ms(n) - ms) / ms for n, ms in self.points if ms >= NOISE_FLOOR_MS),
                    default=0.0)
 
     def describe(self) -> str:
@@ -151,8 +180,8 @@ def _fit_line(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
     mean_n, mean_t = statistics.fmean(sizes), statistics.fmean(times)
     slope = (sum((n - mean_n) * (t - mean_t) for n, t in points) / sum((n - mean_n) ** 2 for n in sizes))
     intercept = mean_t - slope * mean_n
-    if slope < 0:  # timing noise on a reranker whose cost does not grow with n
-        return max(0.0, statistics.median(times)), 0.0
+    if slope < 0:  # timing noise on a reranker whose cost does not grow with n: the best line of slope 0
+        return max(0.0, mean_t), 0.0
     if intercept < 0:  # a line through the origin instead
         return 0.0, sum(n * t for n, t in points) / sum(n * n for n in sizes)
     return intercept, slope

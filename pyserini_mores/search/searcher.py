@@ -13,11 +13,25 @@ from pathlib import Path
 from typing import TypeVar
 
 from .._model_args import format_model_arg
+from ..formats import RunFormat
 from ..index import ResolvedIndex, fetch_texts, index_identity, open_searcher, resolve_index
 from ..rerankers import Reranker, get_reranker
 from ..sidecar import default_sidecar_path, open_sidecar
 from ..types import Query, RerankedHit, RerankStats, hits_to_texts, texts_to_hits
 from .calibration import Calibration, calibrate
+from .first_stage import (
+    Dense,
+    Rm3,
+    Run,
+    candidates_from_run,
+    check_dense_docids,
+    check_first_stage,
+    dense_candidates,
+    enable_rm3,
+    lucene_rows_for_docids,
+    open_dense_searcher,
+    read_candidates,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +51,8 @@ SEARCHER_BUDGET = _SearcherBudget()
 
 
 class RerankingSearcher:
-    """BM25 retrieval with Pyserini, then a learned reranker over the top ``rerank_depth`` hits.
+    """A first stage (BM25 with Pyserini, BM25 + RM3, or a run: :meth:`rerank_run`), then a learned reranker over
+    the top ``rerank_depth`` hits.
 
     ``search`` and ``batch_search`` have ``LuceneSearcher``'s signatures and return hits (``.docid``, ``.score``,
     ``.lucene_docid``) that Pyserini's run writers accept. Hits below ``rerank_depth`` keep their BM25 order,
@@ -51,6 +66,14 @@ class RerankingSearcher:
             ``reranker_kwargs`` go to its factory (e.g. ``model=``, ``remap_by_docid=``). A reranker whose sidecar
             is already open is refused when that sidecar was built for another index or model.
         k1, b: BM25 parameters (default: Pyserini's for the index).
+        first_stage: ``"bm25"``; ``"bm25+rm3"``: BM25 with RM3 feedback through Pyserini's ``set_rm3`` (the
+            index must store document vectors, as the package's indexer does), with ``rm3``'s parameters;
+            ``"dense"``: the candidates of ``dense``, a Pyserini dense index searched with Pyserini's
+            ``FaissSearcher``, joined to this Lucene index by docid (it must hold the dense index's documents:
+            checked on a sample when opened). To rerank any other first stage's candidates, pass its run to
+            :meth:`rerank_run`.
+        rm3: RM3's ``fb_terms``, ``fb_docs`` and ``original_query_weight`` (default: Pyserini's).
+        dense: with ``first_stage="dense"``, the dense index and its query encoder (:class:`~.first_stage.Dense`).
         rerank_depth: how many BM25 hits are reranked.
         sidecar: for rerankers that read stored document representations: a path, ``"auto"`` (the default
             location beside the index, if built; else documents are encoded from their text, slowly) or ``None``.
@@ -61,6 +84,10 @@ class RerankingSearcher:
             a query is in its :class:`~pyserini_mores.types.RerankStats`.
         calibration: the cost model the budget uses; by default measured on first use and cached
             (:meth:`calibrate`).
+        enforce_deadline: under a finite budget, also stop scoring at the budget's deadline (see
+            :meth:`rerank_hits`), so that queries slower than predicted (a cold page cache, a busy machine) keep
+            within it. ``False``: the depth from the cost model only, so runs do not depend on timing (the same on
+            any number of threads, run after run).
 
     Example:
         >>> searcher = RerankingSearcher("indexes/debian", "maxsim", rerank_depth=100)  # doctest: +SKIP
@@ -68,9 +95,11 @@ class RerankingSearcher:
     """
 
     def __init__(self, index: str | os.PathLike | ResolvedIndex, reranker: Reranker | str = "bm25", *,
-                 k1: float | None = None, b: float | None = None, rerank_depth: int = 1000,
+                 k1: float | None = None, b: float | None = None, first_stage: str = "bm25",
+                 rm3: Rm3 | None = None, dense: Dense | None = None, rerank_depth: int = 1000,
                  sidecar: str | os.PathLike | None = "auto", require_sidecar: bool = False,
-                 time_budget_ms: float | None = None, calibration=None, **reranker_kwargs):
+                 time_budget_ms: float | None = None, calibration=None, enforce_deadline: bool = True,
+                 **reranker_kwargs):
         if rerank_depth < 0:
             raise ValueError("rerank_depth must be >= 0")
         if time_budget_ms is not None and not time_budget_ms >= 0:
@@ -81,8 +110,17 @@ class RerankingSearcher:
         self.k1 = default_k1 if k1 is None else k1
         self.b = default_b if b is None else b
         self.searcher.set_bm25(self.k1, self.b)
+        self.first_stage_name = check_first_stage(first_stage)
+        self.rm3 = (rm3 or Rm3()) if first_stage == "bm25+rm3" else None
+        if self.rm3 is not None:
+            enable_rm3(self.searcher, self.rm3)
+        if (first_stage == "dense") != (dense is not None):
+            raise ValueError("first_stage='dense' needs dense=Dense(index, encoder), and dense= needs that first stage")
+        self.dense = dense
+        self.dense_searcher = open_dense_searcher(dense) if dense is not None else None
         self.rerank_depth = rerank_depth
         self.time_budget_ms = time_budget_ms
+        self.enforce_deadline = enforce_deadline
         self.calibration: Calibration | None = calibration
         self._calibrating = threading.Lock()  # one measurement when several threads meet an uncalibrated budget
         self.reranker = get_reranker(reranker, **reranker_kwargs) if isinstance(reranker, str) else reranker
@@ -92,6 +130,8 @@ class RerankingSearcher:
         elif getattr(self.reranker, "model", None) is not None and self.reranker.model.store_width is not None \
                 and getattr(self.reranker, "sidecar", None) is None and sidecar is not None:
             self.attach_sidecar(sidecar, require_sidecar)
+        if self.dense_searcher is not None:
+            check_dense_docids(self.dense_searcher, self.rows_for_docids)
 
     def attach_sidecar(self, sidecar: str | os.PathLike = "auto", required: bool = False) -> None:
         """Open the reranker's sidecar (``"auto"``: the default location beside the index) and check that it was
@@ -130,7 +170,9 @@ class RerankingSearcher:
 
     def search_with_stats(self, q: str, k: int = 10) -> tuple[list[RerankedHit], RerankStats]:
         """:meth:`search`, and what its rerank stage did."""
-        ranked, stats = self.rerank_hits(q, self.searcher.search(q, k=self.candidate_depth(k)))
+        candidates = self.first_stage([q], ["q"], k)["q"] if self.dense_searcher is not None else \
+            self.searcher.search(q, k=self.candidate_depth(k))
+        ranked, stats = self.rerank_hits(q, candidates)
         return ranked[:k], stats
 
     def batch_search(self, queries: Sequence[str], qids: Sequence[str], k: int = 10,
@@ -161,9 +203,54 @@ class RerankingSearcher:
 
     def first_stage(self, queries: Sequence[str], qids: Sequence[str], k: int = 10,
                     threads: int = 1) -> dict[str, list]:
-        """BM25's candidates for each query: the top ``max(k, rerank_depth)`` (:meth:`candidate_depth`) Pyserini
-        hits, by qid; a query without hits may be absent. For callers that rerank them with :meth:`rerank_hits`."""
+        """The first stage's (BM25's, or BM25 + RM3's) candidates for each query: the top ``max(k, rerank_depth)``
+        (:meth:`candidate_depth`) Pyserini hits, by qid; a query without hits may be absent. For callers that rerank
+        them with :meth:`rerank_hits`."""
+        if self.dense_searcher is not None:
+            return dense_candidates(self.dense_searcher, queries, qids, self.candidate_depth(k), threads,
+                                    self.rows_for_docids)
         return self.searcher.batch_search(list(queries), list(qids), k=self.candidate_depth(k), threads=threads)
+
+    def rerank_run(self, run: Run | str | os.PathLike, topics: dict[str, str], k: int = 10, *,
+                   run_format: RunFormat | None = None,
+                   skip_unknown_docids: bool = False) -> dict[str, list[RerankedHit]]:
+        """Rerank another first stage's candidates: ``{qid: top-k hits}`` for every topic (qid → text), in the
+        topics' order, from ``run``, instead of BM25's.
+
+        Each query's top :meth:`candidate_depth` candidates of the run are its first stage (see
+        :meth:`run_first_stage`): the top :meth:`depth_for` of them are reranked, the others keep the run's order
+        below them, as BM25's hits in :meth:`search`.
+
+        Args:
+            run: a run file (TREC or MS MARCO, see ``run_format``; its line order does not matter), or
+                ``{qid: [(docid, score), ...]}`` in run order, best first.
+            skip_unknown_docids: drop candidates the index does not hold instead of raising.
+        """
+        candidates = self.run_first_stage(run, topics, k, run_format=run_format,
+                                          skip_unknown_docids=skip_unknown_docids)
+        return {qid: self.rerank_hits(topics[qid], hits)[0][:k] for qid, hits in candidates.items()}
+
+    def run_first_stage(self, run: Run | str | os.PathLike, topics: Iterable[str], k: int = 10, *,
+                        run_format: RunFormat | None = None,
+                        skip_unknown_docids: bool = False) -> dict[str, list[RerankedHit]]:
+        """:meth:`first_stage` for candidates from a run: ``{qid: hits}`` for every qid of ``topics`` (``[]`` for
+        those the run lacks; the run's queries without a topic, and these, are named in a warning), each query's
+        top ``max(k, rerank_depth)`` candidates joined to the index by docid (:meth:`rows_for_docids`).
+
+        Raises:
+            UnknownDocidsError: docids of those candidates the index does not hold, unless ``skip_unknown_docids``.
+        """
+        return candidates_from_run(read_candidates(run, run_format), topics, self.rows_for_docids,
+                                   self.candidate_depth(k), skip_unknown_docids=skip_unknown_docids)
+
+    def rows_for_docids(self, docids: Sequence[str]) -> Sequence[int]:
+        """The rows (Lucene internal docids) of external docids, -1 for those the index does not
+        hold: from the sidecar's sorted docids when the reranker has one (built for this index: checked), else from
+        Lucene."""
+        sidecar = getattr(self.reranker, "sidecar", None)
+        if hasattr(sidecar, "rows_for_docids"):
+            return sidecar.rows_for_docids(docids)
+        return lucene_rows_for_docids(self.searcher, docids)
 
     def candidate_depth(self, k: int) -> int:
         """BM25 hits retrieved for a top-``k`` search: enough for the rerank depth and for ``k``."""
@@ -175,6 +262,10 @@ class RerankingSearcher:
         """Rerank first-stage ``hits`` (Pyserini hits or :class:`RerankedHit` objects, best first) for ``query``.
 
         The top :meth:`depth_for` hits are reranked; the others keep their order, scored below every reranked hit.
+        Under a finite time budget the rerank stage also has a deadline, the budget after it starts: candidates are
+        scored in batches in first-stage order, and no batch is started that is predicted to end after it (see
+        :meth:`rerank_candidates`); those not scored in time keep their first-stage order below the scored ones
+        (unless :attr:`enforce_deadline` is off).
         Returns every hit as a new :class:`RerankedHit` (``hits`` are not modified), and what the rerank stage
         did. Nothing of the query is kept on the searcher, so threads may call this at once.
 
@@ -183,21 +274,38 @@ class RerankingSearcher:
         """
         hits = list(hits)
         depth = self.depth_for(len(hits), time_budget_ms)
-        head, tail = hits[:depth], hits[depth:]
+        budget = self.time_budget_ms if time_budget_ms is SEARCHER_BUDGET else time_budget_ms
+        head = hits[:depth]
         started = time.perf_counter()
-        reranked = self.rerank_candidates(query, head)
+        deadline = None
+        if head and self.enforce_deadline and budget is not None and math.isfinite(budget):
+            deadline = time.monotonic() + budget / 1000
+        reranked = self.rerank_candidates(query, head, deadline=deadline)
         # With nothing to rerank the rerank stage does not run: 0 ms, not the cost of a function call.
         rerank_ms = (time.perf_counter() - started) * 1000 if head else 0.0
-        ranked = reranked + _below(reranked, texts_to_hits(hits_to_texts(tail)), start_rank=depth + 1)
-        return ranked, RerankStats(candidates=len(hits), depth=depth, rerank_ms=rerank_ms)
+        scored = len(reranked)
+        ranked = reranked + _below(reranked, texts_to_hits(hits_to_texts(hits[scored:])), start_rank=scored + 1)
+        return ranked, RerankStats(candidates=len(hits), depth=depth, rerank_ms=rerank_ms, scored=scored,
+                                   deadline_cut=scored < depth)
 
-    def rerank_candidates(self, query: str, hits: Sequence) -> list[RerankedHit]:
+    def rerank_candidates(self, query: str, hits: Sequence, *, deadline: float | None = None) -> list[RerankedHit]:
         """Every one of ``hits`` reranked, best first: the rerank stage a time budget pays for (text fetch when the
-        reranker needs text, query encoding, sidecar reads, scoring, sorting), and what the calibration times."""
+        reranker needs text, query encoding, sidecar reads, scoring, sorting), and what the calibration times.
+
+        With a ``deadline`` (a :func:`time.monotonic` time), a reranker that can stop between batches
+        (``rerank_until``) scores ``hits`` in their order until no further batch is predicted to fit, from the
+        time its batches took so far (before the first: the calibration's cost per candidate); only the first
+        ``len(result)`` of ``hits``, those scored in time, are returned. Other rerankers score every hit.
+        """
         if not hits:
             return []
         texts = fetch_texts(self.searcher, [hit.docid for hit in hits]) if self.reranker.needs_text else None
-        return texts_to_hits(self.reranker.rerank(Query(query), hits_to_texts(hits, texts)))
+        candidates = hits_to_texts(hits, texts)
+        rerank_until = getattr(self.reranker, "rerank_until", None)
+        if deadline is None or rerank_until is None:
+            return texts_to_hits(self.reranker.rerank(Query(query), candidates))
+        per_candidate_ms = self.calibration.per_candidate_ms if self.calibration is not None else None
+        return texts_to_hits(rerank_until(Query(query), candidates, deadline, per_candidate_ms=per_candidate_ms))
 
     def calibrate(self, recalibrate: bool = False, **options) -> Calibration:
         """The reranker's cost model on this machine (from the cache, else measured); ``options`` go to

@@ -29,7 +29,7 @@ from .format import (
 )
 from .shards import ShardedManifest, is_sharded, read_sharded_manifest
 from .transcode import transcode_sidecar
-from .verify import verify_sidecar
+from .verify import verify_against_index, verify_sidecar
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--json", action="store_true", help="print the manifest as JSON")
     verify = commands.add_parser("verify", help="check sizes, checksums, offsets and docid tables")
     verify.add_argument("path", help="sidecar directory (of a sharded sidecar: every shard is verified)")
+    verify.add_argument("--index", help="also compare the docid of every row with this Lucene index (path or "
+                                        "prebuilt name): the full check of the row-docid join, reading every "
+                                        "document's docid once")
     build = commands.add_parser("build", help="encode a collection into a sidecar (`build --help` for options)")
     define_build_args(build)
     assemble = commands.add_parser(
@@ -184,6 +187,8 @@ def _info(args: argparse.Namespace) -> int:
 
 def _verify(args: argparse.Namespace) -> int:
     problems = verify_sidecar(args.path)
+    if args.index is not None and not problems:
+        problems = verify_against_index(args.path, args.index)
     if not problems:
         print(f"OK {args.path}")
         return 0

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "integrations" / "debian_packages" / "pipeline.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "integrations" / "debian_packages" / "pipeline.py"
 
 
 @pytest.fixture(scope="module")

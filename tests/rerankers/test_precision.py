@@ -268,9 +268,9 @@ def test_bench_times_bf16_weights_and_autocast_side_by_side(tmp_path):
 
 # ---- the score head stays fp32 ------------------------------------------------------------------------------------
 def test_the_score_head_runs_in_fp32_under_autocast_and_with_bf16_weights():
-    from pyserini_mores.models._layers import score_head
-
     import copy
+
+    from pyserini_mores.models._layers import score_head
 
     torch.manual_seed(0)
     head = torch.nn.Linear(32, 2)

@@ -288,3 +288,23 @@ def test_the_bf16_copy_follows_a_change_of_reuse(tmp_path, tiny_dims, tokenizer,
     fresh = ModelReranker(model, reranker.sidecar, precision="bf16", cast_weights=True)
     np.testing.assert_array_equal(after, [text.score for text in fresh.rescore(Query(QUERY), candidates())])
     assert reranker.scoring_model.config.reuse == "s1"
+
+
+def test_verify_against_the_index_finds_every_row_of_a_reordered_index(tiny_index, maxsim_sidecar, tmp_path, capsys):
+    """`sidecar verify --index`: the full row ↔ docid check, which opening a sidecar only samples."""
+    from pyserini_mores.index import build_lucene_index
+    from pyserini_mores.sidecar.__main__ import main as sidecar_main
+    from pyserini_mores.sidecar.verify import verify_against_index
+
+    assert verify_against_index(maxsim_sidecar, tiny_index, progress=False) == []
+    (tmp_path / "jsonl").mkdir()
+    lines = (RESOURCES / "tiny_collection.jsonl").read_text().splitlines()
+    (tmp_path / "jsonl" / "docs.jsonl").write_text("\n".join(reversed(lines)) + "\n")
+    reordered = build_lucene_index(tmp_path / "jsonl", tmp_path / "index")
+    problems = verify_against_index(maxsim_sidecar, reordered, progress=False)
+    moved = sum(1 for first, last in zip(lines, reversed(lines)) if first != last)
+    assert problems[0].startswith(f"{moved} of {len(lines)} rows hold another document"), problems
+    assert "row 0: the index holds" in problems[0]
+    assert sidecar_main(["verify", str(maxsim_sidecar), "--index", str(reordered)]) == 1
+    assert "rows hold another document" in capsys.readouterr().out
+    assert sidecar_main(["verify", str(maxsim_sidecar), "--index", str(tiny_index)]) == 0

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-INTEGRATION = Path(__file__).resolve().parents[1] / "integrations" / "msmarco_passage"
+INTEGRATION = Path(__file__).resolve().parents[2] / "integrations" / "msmarco_passage"
 REPRODUCE = INTEGRATION / "reproduce.py"
 
 

@@ -14,13 +14,21 @@ from pyserini_mores.models._layers import BertDims
 from pyserini_mores.train import data as train_data
 from pyserini_mores.train.__main__ import build_parser, main
 from pyserini_mores.train.compressor import pretrain_compressor
-from pyserini_mores.train.data import (TrainingGroup, load_groups, mine_negatives, read_scored_triples, read_triples,
-                                      with_batch_negatives, write_triples)
+from pyserini_mores.train.data import (
+    TrainingGroup,
+    load_groups,
+    mine_negatives,
+    read_scored_triples,
+    read_triples,
+    with_batch_negatives,
+    write_triples,
+)
 from pyserini_mores.train.objectives import mean_loss, set_dropout
 from pyserini_mores.train.recipes import merge_settings, read_recipe, recipe_names
 from pyserini_mores.train.trainer import TrainingSettings, last_checkpoint, train
 
-RESOURCES = Path(__file__).parent / "resources"
+from conftest import RESOURCES
+
 TOPICS, QRELS, COLLECTION = (RESOURCES / "tiny_topics.tsv", RESOURCES / "tiny_qrels.txt",
                              RESOURCES / "tiny_collection.jsonl")
 

@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from pyserini_mores.sidecar import open_sidecar, verify_sidecar
 from pyserini_mores.sidecar import build as build_module
+from pyserini_mores.sidecar import open_sidecar, verify_sidecar
 from pyserini_mores.sidecar.__main__ import main as sidecar_main
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_train import COLLECTION, QRELS, TOPICS, _tiny_model
 
 from pyserini_mores.formats import read_collection, read_qrels, read_topics
 from pyserini_mores.index import open_searcher
@@ -17,11 +18,15 @@ from pyserini_mores.sidecar import open_sidecar
 from pyserini_mores.sidecar.build import build_sidecar
 from pyserini_mores.train.data import GroupCollator, TrainingGroup, load_groups, mine_negatives, write_triples
 from pyserini_mores.train.objectives import RankingObjective
-from pyserini_mores.train.stored import (StoredGroupCollator, StoredRankingObjective, UnmatchedTrainingTextError,
-                                         freeze_store_parameters, open_stored_documents, per_candidate)
+from pyserini_mores.train.stored import (
+    StoredGroupCollator,
+    StoredRankingObjective,
+    UnmatchedTrainingTextError,
+    freeze_store_parameters,
+    open_stored_documents,
+    per_candidate,
+)
 from pyserini_mores.train.trainer import TrainingSettings, train
-
-from test_train import COLLECTION, QRELS, TOPICS, _tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -7,8 +7,7 @@ import json
 import pytest
 import torch
 
-from pyserini_mores.bench import flops
-from pyserini_mores.bench import workload
+from pyserini_mores.bench import flops, workload
 from pyserini_mores.bench.report import MACHINE_KEYS, RESULT_KEYS
 
 SMALL = flops.EncoderShape(hidden=4, layers=3, heads=2, ffn=8)

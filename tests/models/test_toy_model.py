@@ -13,8 +13,7 @@ from torch import nn
 from pyserini_mores.bench import flops as bench_flops
 from pyserini_mores.bench import workload
 from pyserini_mores.index import open_searcher
-from pyserini_mores.models import RankingModel, load_model, model_class, pad_documents, register_model
-from pyserini_mores.models import registry
+from pyserini_mores.models import RankingModel, load_model, model_class, pad_documents, register_model, registry
 from pyserini_mores.models._layers import BertDims, key_padding_mask
 from pyserini_mores.models.base import RankingConfig
 from pyserini_mores.models.flops import FlopCount, Term, linear

@@ -1,0 +1,191 @@
+"""Time budgets that hold: under a budget the rerank stage has a deadline, and the candidates not scored by then keep
+their BM25 order below the scored ones; a calibration never buys a depth its measurements refuse; the sweep reports
+the percentiles of the rerank time against each budget.
+
+The slow reranker here is the tiny MaxSim model with a sleep in every scoring batch, so that a batch's cost is known
+and far above the machine's own jitter."""
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+
+from pyserini_mores.budget.sweep import format_tsv, run_sweep
+from pyserini_mores.index import open_searcher
+from pyserini_mores.rerankers import learned
+from pyserini_mores.rerankers.learned import paced_batches
+from pyserini_mores.search import RerankingSearcher
+from pyserini_mores.search.calibration import Calibration
+from pyserini_mores.types import RerankedHit, RerankStats
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+# Queries with many BM25 hits on the 20-document collection: many batches of 2 to cut.
+QUERIES = ("text editor web server database system language source code files image program terminal browser",
+           "package manager linux kernel python programming language office suite remote login data transfer",
+           "version control system database engine compiler command-line tool process viewer scientific arrays")
+BATCH_SLEEP_S = 0.020
+BUDGET_MS = 60.0
+# A warm calibration that underestimates the slow reranker 500-fold: the depth it buys is every candidate.
+OPTIMISTIC = Calibration(fixed_ms=0.0, per_candidate_ms=0.01)
+
+
+@pytest.fixture(scope="module")
+def lucene(tiny_index):
+    return open_searcher(tiny_index)
+
+
+@pytest.fixture(params=["sidecar", "text"])
+def slow_searcher(request, tiny_index, tiny_maxsim_dir, maxsim_sidecar, monkeypatch):
+    """MaxSim scoring 2 candidates per batch, each batch 20 ms slower than it is; under the 60 ms budget."""
+    searcher = RerankingSearcher(tiny_index, "maxsim", model=tiny_maxsim_dir, rerank_depth=20, batch_size=2,
+                                 precision="fp32", time_budget_ms=BUDGET_MS, calibration=OPTIMISTIC,
+                                 sidecar="auto" if request.param == "sidecar" else None)
+    assert (searcher.sidecar_path is None) == (request.param == "text")
+    model = searcher.reranker.model
+    score = model.score
+
+    def slow_score(*args, **kwargs):
+        time.sleep(BATCH_SLEEP_S)
+        return score(*args, **kwargs)
+
+    monkeypatch.setattr(model, "score", slow_score, raising=False)
+    # Batches of 2 are what the test times; the package's floor on batch size under a deadline would merge them.
+    monkeypatch.setattr(learned, "DEADLINE_MIN_BATCH", 1)
+    yield searcher
+    searcher.close()
+
+
+def test_a_deadline_stops_the_scoring_and_keeps_bm25_order_below(slow_searcher, lucene):
+    unlimited = {query: {hit.docid: hit.score for hit in slow_searcher.rerank_hits(
+        query, lucene.search(query, k=20), time_budget_ms=None)[0]} for query in QUERIES}
+    times, cut = [], 0
+    for _ in range(7):
+        for query in QUERIES:
+            bm25 = lucene.search(query, k=20)
+            bm25_docids = [hit.docid for hit in bm25]
+            assert len(bm25) >= 8  # 4 batches of 20 ms at least: more than the budget
+            hits, stats = slow_searcher.rerank_hits(query, bm25)
+            times.append(stats.rerank_ms)
+            assert stats.depth == len(bm25), "the calibration buys every candidate: only the deadline stops"
+            assert 0 < stats.scored < stats.depth and stats.deadline_cut
+            cut += stats.deadline_cut
+            scored = stats.scored
+            docids = [hit.docid for hit in hits]
+            # The scored candidates are BM25's head, first, in score order, with the scores a full rerank gives them.
+            assert sorted(docids[:scored]) == sorted(bm25_docids[:scored])
+            assert [hit.score for hit in hits[:scored]] == pytest.approx(
+                [unlimited[query][docid] for docid in docids[:scored]], abs=1e-5)
+            # The rest keep their BM25 order below them, and scores agree with the ranks.
+            assert docids[scored:] == bm25_docids[scored:]
+            scores = [hit.score for hit in hits]
+            assert scores == sorted(scores, reverse=True) and len(set(scores)) == len(scores)
+            assert [hit.first_stage_rank for hit in hits[scored:]] == list(range(scored + 1, len(bm25) + 1))
+    # At least 95% of the queries end within the budget and the slack of one batch.
+    slack_ms = BATCH_SLEEP_S * 1000 * 1.5
+    within = sum(ms <= BUDGET_MS + slack_ms for ms in times) / len(times)
+    assert within >= 0.95, sorted(times)
+    assert cut == len(times)
+
+
+def test_without_a_budget_every_candidate_is_scored(slow_searcher, lucene):
+    bm25 = lucene.search(QUERIES[0], k=20)
+    hits, stats = slow_searcher.rerank_hits(QUERIES[0], bm25, time_budget_ms=None)
+    assert stats.scored == stats.depth == len(bm25) and not stats.deadline_cut
+    assert stats.rerank_ms >= len(bm25) / 2 * BATCH_SLEEP_S * 1000
+
+
+def test_without_the_deadline_the_budget_only_chooses_the_depth(slow_searcher, lucene):
+    slow_searcher.enforce_deadline = False  # runs that do not depend on timing
+    bm25 = lucene.search(QUERIES[0], k=20)
+    hits, stats = slow_searcher.rerank_hits(QUERIES[0], bm25)
+    assert stats.scored == stats.depth == len(bm25) and not stats.deadline_cut
+    assert stats.rerank_ms > BUDGET_MS
+
+
+def test_paced_batches_start_no_batch_that_would_end_after_the_deadline(monkeypatch):
+    """On a fake clock: every batch costs 1 s per candidate."""
+    clock = [100.0]
+    monkeypatch.setattr(learned.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(learned, "DEADLINE_MIN_BATCH", 1)
+
+    def run(count, batch_size, deadline, per_candidate_ms=None):
+        batches = []
+        for start, stop in paced_batches(count, batch_size, deadline, per_candidate_ms):
+            batches.append((start, stop))
+            clock[0] += stop - start
+        return batches
+
+    # Before the first batch the calibration predicts: 2 candidates at 1 s each fit 10 s; then what they cost.
+    assert run(20, 2, 110.0, per_candidate_ms=1000.0) == [(0, 2), (2, 4), (4, 6), (6, 8), (8, 10)]
+    # A batch that does not fit whole is shortened to what the time left allows.
+    clock[0] = 100.0
+    assert run(20, 4, 109.0, per_candidate_ms=1000.0) == [(0, 4), (4, 8), (8, 9)]
+    # No time left: nothing is started, even with no prediction.
+    clock[0] = 100.0
+    assert run(20, 2, 100.0) == []
+    # Batches are at most a DEADLINE_SLICES-th of the candidates, so that stopping between them keeps close.
+    clock[0] = 100.0
+    assert run(8, 250, math.inf) == [(0, 2), (2, 4), (4, 6), (6, 8)]
+
+
+# ------------------------------------------------------------------------------------------------- calibration
+
+
+def test_a_negative_fitted_slope_buys_no_depth_beyond_what_was_measured_to_fit():
+    points = [(1, 60.0), (10, 40.0), (100, 35.0), (250, 38.0), (500, 45.0)]
+    calibration = Calibration.fit(points, max_candidates=500)
+    assert calibration.per_candidate_ms == 0.0  # the fitted slope was negative: a flat line
+    for budget in (36.0, 40.0, 44.0, 44.99, 45.0, 50.0):
+        depth = calibration.depth_for_budget(budget, 500)
+        largest_fitting = max((n for n, ms in points if ms <= budget), default=0)
+        assert depth <= largest_fitting, budget
+        assert calibration.predict_ms(depth) <= budget
+    # The flat line alone (43.6 ms) would rerank all 500 under 44 ms, where 500 candidates were measured at 45.
+    assert calibration.line_ms(500) < 44.0 and calibration.depth_for_budget(44.0, 500) == 250
+    # Beyond the largest measured size the cost grows with the candidates, not flat to any depth.
+    assert calibration.depth_for_budget(50.0, 5000) < 600
+    # Depths stay monotone in the budget.
+    depths = [calibration.depth_for_budget(budget / 4, 1000) for budget in range(0, 400)]
+    assert depths == sorted(depths)
+
+
+# ------------------------------------------------------------------------------------------------------ sweep
+
+
+class _TimedSearcher:
+    """A searcher stand-in whose rerank stage took the given times (ms), query after query."""
+
+    rerank_depth = 10
+
+    def __init__(self, times_ms):
+        self.times_ms = list(times_ms)
+
+    def calibrate(self, recalibrate=False):
+        return Calibration(fixed_ms=1.0, per_candidate_ms=1.0)
+
+    def first_stage(self, queries, qids, k, threads):
+        return {qid: [RerankedHit("d1", 2.0, 0), RerankedHit("d2", 1.0, 1)] for qid in qids}
+
+    def rerank_hits(self, query, hits, *, time_budget_ms):
+        ms = self.times_ms.pop(0)
+        return list(hits), RerankStats(candidates=len(hits), depth=2, rerank_ms=ms, scored=1 if ms > 50 else 2,
+                                       deadline_cut=ms > 50)
+
+
+def test_sweep_rows_report_percentiles_against_the_budget():
+    times = [float(ms) for ms in range(1, 101)]  # 1..100 ms over 100 queries
+    topics = {f"q{i}": "query" for i in range(100)}
+    qrels = {qid: {"d1": 1} for qid in topics}
+    result = run_sweep({"timed": _TimedSearcher(times)}, topics, qrels, [50.0], progress=False)
+    [row] = result.rows
+    assert (row.p50_ms, row.p95_ms, row.p99_ms) == (50.0, 95.0, 99.0)
+    assert row.within_budget == 0.5 and row.deadline_cut == 0.5 and row.scored_mean == 1.5
+    record = result.to_dict()["rows"][0]
+    assert {key: record[key] for key in ("p50_ms", "p95_ms", "p99_ms", "within_budget")} == {
+        "p50_ms": 50.0, "p95_ms": 95.0, "p99_ms": 99.0, "within_budget": 0.5}
+    header, line = format_tsv(result.rows).splitlines()
+    cells = dict(zip(header.split("\t"), line.split("\t")))
+    assert (cells["p50_ms"], cells["p95_ms"], cells["p99_ms"], cells["within_budget"]) == ("50.0", "95.0", "99.0",
+                                                                                          "50%")
