@@ -69,10 +69,10 @@ STEP_TITLES = {
 TRIPLES_URL = "https://msmarco.z22.web.core.windows.net/msmarcoranking/triples.train.small.tar.gz"
 TRIPLES_MEMBER = "triples.train.small.tsv"
 TRIPLES_ARCHIVE_BYTES, TRIPLES_TSV_BYTES = 7_930_881_353, 27_100_000_000
-GLOVE_URL = "https://nlp.stanford.edu/data/glove.42B.300d.zip"  # the TK paper's embeddings (SEEDS-SPEC 4.1)
+GLOVE_URL = "https://nlp.stanford.edu/data/glove.42B.300d.zip"  # the TK paper's embeddings (42B-token GloVe, 300-d)
 GLOVE_MEMBER = "glove.42B.300d.txt"
 GLOVE_DIM = 300
-BERT_BASE_HIDDEN = 768  # bert-base-uncased (SEEDS-SPEC 1.2): the per-token width MORES S1 and PreTTR store
+BERT_BASE_HIDDEN = 768  # bert-base-uncased: the per-token width MORES S1 and PreTTR store
 STORE_DTYPE_BYTES = 2  # the sidecar build's default float16
 TRAINED_MARKER = "training_summary.json"  # written by `train` after the final model
 SIDECAR_MARKER = "manifest.json"  # written last by `sidecar build`, before the atomic rename
@@ -613,8 +613,8 @@ def _check_disk(options: argparse.Namespace, steps: list[str], num_docs: int | N
     for existing, total, parts in by_device.values():
         free = shutil.disk_usage(existing).free
         message = (f"disk: up to {_size(total)} needed under {existing}, {_size(free)} free ({'; '.join(parts)}; "
-                   "sidecars counted at every passage's token cap in float16 - SEEDS-SPEC 6.3 expects real passages "
-                   "to need roughly half; GloVe, checkpoints and a prebuilt index's download are not counted)")
+                   "sidecars counted at every passage's token cap in float16 - real passages "
+                   "need roughly half; GloVe, checkpoints and a prebuilt index's download are not counted)")
         (report.warnings if total > free else report.ok).append(message)
 
 

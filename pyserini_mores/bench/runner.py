@@ -1,7 +1,7 @@
 """Runs the benchmark: for every (backbone, doc_len, variant, precision) it times the shipped rerank path
 (:meth:`ModelReranker.rerank`: query encoding, sidecar reads, scoring, sorting) on one query and its candidates.
 
-Protocol (SEEDS-SPEC A10, T9): one query, ``candidates`` candidates in a random row order, the same ModelReranker
+Protocol: one query, ``candidates`` candidates in a random row order, the same ModelReranker
 batch size for every model; one warm-up, a pilot that estimates the time per candidate, one warm-up at the timed size,
 then the median of ``repetitions`` timed runs. When a run would take longer than ``max_rep_seconds``, it is timed on
 fewer candidates and scaled to ``candidates``: ``query encoding + (rest) × candidates / timed`` (recorded as
