@@ -1,5 +1,5 @@
-"""PreTTR compressor pre-training (PreTTR, MacAvaney et al. SIGIR 2020, §3.2, stage 1): only the compressor learns, minimising the MSE
-between the attention probabilities of layers ``l+1..L`` with and without compression
+"""PreTTR compressor pre-training (MacAvaney et al. SIGIR 2020, §3.2, stage 1): only the compressor learns,
+minimising the MSE between the attention probabilities of layers ``l+1..L`` with and without compression
 (:meth:`pyserini_mores.models.prettr.PreTTRModel.attention_mse_loss`; the teacher is the same model without its
 compressor), on unlabelled (query, passage) pairs (:func:`.data.compressor_pairs`).
 
