@@ -129,7 +129,6 @@ def _build(args: argparse.Namespace) -> int:
     """``build``: the options are checked (and Ray looked for) before the model loads; a bad option or a reranker
     without stored representations exits with its ``error:`` line."""
     try:
-        from ..precision import resolve_precision  # the driver decides, so every shard encodes alike
         from .build import BuildOptions, ModelSource, run_build
         from .ray_engine import import_ray
     except ImportError as error:
@@ -139,7 +138,7 @@ def _build(args: argparse.Namespace) -> int:
         options = BuildOptions(
             index=args.index, reranker=args.reranker or "", output=args.output, collection=args.collection,
             batch_size=args.batch_size, dtype=args.dtype, codec=args.codec, pq_subquantizers=args.pq_subquantizers,
-            precision=resolve_precision(args.precision), overwrite=args.overwrite, restart=args.restart,
+            precision=args.precision, overwrite=args.overwrite, restart=args.restart,
             shards=args.shards, shard=args.shard, engine=args.engine, address=args.address,
             max_retries=args.max_retries, cpus_per_task=args.cpus_per_task)
         if options.engine == "ray":
