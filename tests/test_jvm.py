@@ -103,8 +103,12 @@ x = torch.randn(512, 512)
 while True:
     x = torch.tanh(x @ x)
 """
+    import signal
+
+    # A shell starts background jobs with SIGINT ignored, and Python keeps an ignored SIGINT: give the child the
+    # default disposition a terminal's process has, so that Python installs its KeyboardInterrupt handler.
     process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
+                               text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert process.stdout.readline().strip() == "ready", process.stderr.read()[-2000:]
     return process
 
