@@ -13,10 +13,12 @@ from typing import Any
 from ._jvm import JavaNotFoundError
 from ._model_args import parse_model_arg
 from .models.backbones import BackboneNotFoundError
-from .precision import PRECISION_CHOICES
+from .precision import PRECISION_CHOICES, check_device_name
 
 
-def define_model_args(parser: argparse.ArgumentParser, *, default_reranker: str | None = None) -> None:
+def define_model_args(parser: argparse.ArgumentParser, *, default_reranker: str | None = None,
+                      device: bool = False) -> None:
+    """The reranker's options; with ``device``, also ``--device`` (for commands that place the model on one)."""
     group = parser.add_argument_group("reranker")
     group.add_argument("--reranker", default=default_reranker,
                        help="registered reranker name (bm25, maxsim, mores, prettr, tk, cross-encoder, or a plugin's)")
@@ -27,6 +29,17 @@ def define_model_args(parser: argparse.ArgumentParser, *, default_reranker: str 
     group.add_argument("--precision", choices=PRECISION_CHOICES, default="auto",
                        help="compute precision of the model; auto (default): bf16 where the hardware runs it natively "
                             "(AMX or AVX512-BF16 CPUs, CUDA with bf16), fp32 elsewhere (emulated bf16 is ~20x slower)")
+    if device:
+        group.add_argument("--device", type=_device_name, default="auto", metavar="{auto,cpu,cuda,cuda:N}",
+                           help="where the model computes; auto (default): cuda when torch.cuda.is_available(), "
+                                "else cpu")
+
+
+def _device_name(value: str) -> str:
+    try:
+        return check_device_name(value)
+    except ValueError as error:  # argparse shows an ArgumentTypeError's message as the usage error
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def parse_model_args(items: list[str]) -> dict:

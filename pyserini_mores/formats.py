@@ -11,6 +11,7 @@ never decoded with replacement: a replaced character inside a docid or qid would
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import logging
 import math
@@ -18,6 +19,7 @@ import numbers
 import os
 import re
 import zlib
+from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Literal, Union
@@ -33,6 +35,7 @@ __all__ = [
     "read_run",
     "read_ranked_run",
     "read_collection",
+    "numbered_lines",
     "write_run",
     "write_topics",
     "write_qrels",
@@ -48,6 +51,7 @@ RUN_FORMATS: tuple[str, ...] = ("trec", "msmarco")
 _GZIP_MAGIC = b"\x1f\x8b"
 _SHOWN_CHARS = 80  # longer offending lines are truncated in error messages
 _WHITESPACE = re.compile(r"\s")
+_RANK_MIN, _RANK_MAX = -(2**63), 2**63 - 1  # what read_ranked_run keeps a rank in
 
 
 class FormatError(ValueError):
@@ -81,8 +85,15 @@ def _open_binary(path: PathLike) -> IO[bytes]:
     return gzip.open(path, "rb") if compressed else open(path, "rb")
 
 
-def _numbered_lines(path: PathLike) -> Iterator[tuple[int, str]]:
-    """Yield ``(line number, line without its end of line)`` for every non-blank line of a UTF-8 text file."""
+def numbered_lines(path: PathLike) -> Iterator[tuple[int, str]]:
+    """Yield ``(line number, line without its end of line)`` for every non-blank line of a UTF-8 text file.
+
+    The line rules of every reader here (see the module docstring: gzip, byte-order mark, UTF-8, blank lines), for
+    readers of other line formats (training triples) to share.
+
+    Raises:
+        FormatError: bad UTF-8, a blank line followed by more data, or truncated or corrupt gzip data.
+    """
     blank_line: int | None = None
     line_number = 0
     with _open_binary(path) as stream:
@@ -122,7 +133,7 @@ def _first_line_where(path: PathLike, predicate) -> int | None:
     Used only to report duplicates: rescanning the file on error is cheaper than remembering the line of each of the
     millions of entries in an MS MARCO run.
     """
-    for line_number, line in _numbered_lines(path):
+    for line_number, line in numbered_lines(path):
         if predicate(line):
             return line_number
     return None
@@ -145,7 +156,7 @@ def read_topics(path: PathLike) -> dict[str, str]:
     """
     topics: dict[str, str] = {}
     first_line: dict[str, int] = {}  # topics are small: remembering lines for duplicate messages is cheap
-    for line_number, line in _numbered_lines(path):
+    for line_number, line in numbered_lines(path):
         fields = line.split("\t")
         if len(fields) != 2:
             found = "no tab" if len(fields) == 1 else f"{len(fields)} tab-separated fields"
@@ -178,7 +189,7 @@ def read_qrels(path: PathLike) -> dict[str, dict[str, int]]:
         FormatError: a line without 4 fields, a non-integer relevance, a duplicate (qid, docid), or bad UTF-8.
     """
     qrels: dict[str, dict[str, int]] = {}
-    for line_number, line in _numbered_lines(path):
+    for line_number, line in numbered_lines(path):
         fields = line.split()
         if len(fields) != 4:
             raise FormatError(path, line_number, "expected 'qid iteration docid relevance' (4 fields), "
@@ -209,11 +220,11 @@ def _detect_run_format(fields: Sequence[str]) -> RunFormat | None:
 
 
 def read_run(path: PathLike, *, run_format: RunFormat | None = None) -> dict[str, dict[str, float]]:
-    """Read a TREC run (``qid Q0 docid rank score tag``) or an MS MARCO run (``qid<TAB>docid<TAB>rank``).
+    """Read a TREC run (``qid Q0 docid rank score tag``) or an MS MARCO run (``qid<TAB>docid<TAB>rank``) as scores.
 
     The format is detected from the first line (6 fields → TREC, 3 → MS MARCO) and every other line must match it.
     MS MARCO runs carry no score, so the score is ``-rank``: higher is better, and sorting by score reproduces the
-    file's order, which is the order the official MS MARCO evaluation uses.
+    rank order. The rank column is checked but not returned: :func:`read_ranked_run` reads a run in its order.
 
     Args:
         path: the run file (optionally gzipped).
@@ -223,15 +234,49 @@ def read_run(path: PathLike, *, run_format: RunFormat | None = None) -> dict[str
         Query id → {docid → score}, in file order (the shape pytrec_eval takes).
 
     Raises:
-        FormatError: wrong field count, non-integer rank, non-numeric or NaN score, a docid repeated within a query,
-            a rank repeated within a query of an MS MARCO run (its only order), or bad UTF-8. A query's lines need not
-            be contiguous (trec_eval merges them too).
+        FormatError: wrong field count, a rank that is not a 64-bit integer, non-numeric or NaN score, a docid
+            repeated within a query, a rank repeated within a query of an MS MARCO run (its only order), or bad
+            UTF-8. A query's lines need not be contiguous (trec_eval merges them too).
     """
+    return _read_run(path, run_format)
+
+
+def read_ranked_run(path: PathLike, *, run_format: RunFormat | None = None) -> dict[str, list[tuple[str, float]]]:
+    """A run file (as :func:`read_run` reads and checks it) as each query's ranking: qid → ``[(docid, score), ...]``,
+    best first. This is the package's one rule for the order of a run file:
+
+    - **The rank column, ascending.** It is the order the run's producer states, and the one MS MARCO's official
+      ``msmarco_eval.py`` evaluates (it puts each docid at position ``rank``). Only the order of the ranks counts:
+      they may start at 0 or 1 and have gaps.
+    - **Equal ranks** (which only a TREC run can have; in an MS MARCO run they are an error): higher score first, then
+      docid in decreasing order, as trec_eval orders them. A TREC run whose rank column says nothing (the same rank
+      on every line, as some tools write) is thus ranked exactly as trec_eval ranks it.
+
+    The ranking depends on the lines alone, not on their order in the file: a run whose lines were shuffled or whose
+    queries are interleaved reads the same. Queries come in file order.
+
+    trec_eval, pytrec_eval and Pyserini's ``trec_eval`` ignore the rank column: they order by score, then docid, both
+    decreasing. Their order differs from this one where the rank column contradicts the scores, or orders documents
+    of equal score (frequent after rounding to a TREC file's 6 decimals) other than by decreasing docid: a metric
+    pytrec_eval computes from the scores can then differ from the same metric over this ranking (MRR@10 of
+    :mod:`pyserini_mores.eval.metrics`, which follows this ranking, against trec_eval's ``recip_rank``).
+
+    Raises:
+        FormatError: as :func:`read_run`.
+    """
+    ranks: dict[str, array] = {}
+    return {qid: _in_rank_order(hits, ranks[qid])
+            for qid, hits in _read_run(path, run_format, ranks).items()}
+
+
+def _read_run(path: PathLike, run_format: RunFormat | None,
+              ranks: dict[str, array] | None = None) -> dict[str, dict[str, float]]:
+    """qid → {docid → score} in file order; with ``ranks``, also each query's ranks in the same order into it."""
     if run_format is not None and run_format not in RUN_FORMATS:
         raise ValueError(f"run_format must be one of {RUN_FORMATS}, not {run_format!r}")
     run: dict[str, dict[str, float]] = {}
     detected_on: int | None = None
-    for line_number, line in _numbered_lines(path):
+    for line_number, line in numbered_lines(path):
         fields = line.split()
         if run_format is None:
             run_format = _detect_run_format(fields)
@@ -255,6 +300,8 @@ def read_run(path: PathLike, *, run_format: RunFormat | None = None) -> dict[str
             rank = int(rank_text)
         except ValueError:
             raise FormatError(path, line_number, f"rank {rank_text!r} is not an integer", line) from None
+        if not _RANK_MIN <= rank <= _RANK_MAX:
+            raise FormatError(path, line_number, f"rank {rank_text!r} is out of range (a 64-bit integer)", line)
         if score_text is None:
             score = -float(rank)
         else:
@@ -272,24 +319,25 @@ def read_run(path: PathLike, *, run_format: RunFormat | None = None) -> dict[str
             raise FormatError(path, line_number, f"document {docid!r} appears twice for query {qid!r} "
                                                  f"(first on line {first})", line)
         hits[docid] = score
+        if ranks is not None:
+            # 8 bytes a rank rather than an int object and a pointer: the millions of lines of an MS MARCO run add up.
+            (ranks.get(qid) or ranks.setdefault(qid, array("q"))).append(rank)
     if run_format == "msmarco":
-        # Checked once per query at the end (a transient set of its scores) rather than per line, which would keep a
-        # set of ranks for each of the millions of lines of an MS MARCO run.
+        # Checked once per query at the end (a transient set of its scores, which are -rank) rather than per line,
+        # which would keep a set of ranks for each of the millions of lines of an MS MARCO run.
         tied = {qid for qid, hits in run.items() if len(set(hits.values())) < len(hits)}
         if tied:
             _raise_repeated_rank(path, tied)
     return run
 
 
-def read_ranked_run(path: PathLike, *, run_format: RunFormat | None = None) -> dict[str, list[tuple[str, float]]]:
-    """A run file (as :func:`read_run`) as each query's ranking: qid → ``[(docid, score), ...]``, best first.
-
-    The order is the one trec_eval evaluates: by score, higher first, ties by docid in decreasing order (an MS MARCO
-    run's scores are ``-rank``, so its ranks). It depends on the lines alone, not on their order in the file, so a
-    run whose lines were shuffled or whose queries are interleaved reads the same. Queries come in file order.
-    """
-    return {qid: sorted(hits.items(), key=_trec_eval_order)
-            for qid, hits in read_run(path, run_format=run_format).items()}
+def _in_rank_order(hits: dict[str, float], ranks: array) -> list[tuple[str, float]]:
+    """``hits`` (in file order) ordered as :func:`read_ranked_run` says; ``ranks[i]`` is the rank of the i-th hit."""
+    entries = list(hits.items())
+    if all(earlier < later for earlier, later in itertools.pairwise(ranks)):  # the usual case: a sorted file
+        return entries
+    order = sorted(range(len(entries)), key=lambda index: (ranks[index], _trec_eval_order(entries[index])))
+    return [entries[index] for index in order]
 
 
 def _trec_eval_order(hit: tuple[str, float]) -> tuple[float, tuple[int, ...]]:
@@ -302,7 +350,7 @@ def _trec_eval_order(hit: tuple[str, float]) -> tuple[float, tuple[int, ...]]:
 def _raise_repeated_rank(path: PathLike, qids: set[str]) -> None:
     """Raise the :class:`FormatError` of the first line of an MS MARCO run that repeats a rank of one of ``qids``."""
     first_line: dict[tuple[str, int], int] = {}
-    for line_number, line in _numbered_lines(path):
+    for line_number, line in numbered_lines(path):
         qid, _, rank_text = line.split()
         if qid not in qids:
             continue
@@ -511,7 +559,7 @@ def _iter_collection_files(files: list[Path]) -> Iterator[tuple[str, str]]:
 
 def _iter_collection_file(path: Path) -> Iterator[tuple[str, str]]:
     collection_format = _collection_format_from_name(path)
-    for line_number, line in _numbered_lines(path):
+    for line_number, line in numbered_lines(path):
         if collection_format is None:
             collection_format = "jsonl" if line.lstrip().startswith("{") else "tsv"
             logger.debug("%s: read as %s (from its first line)", path, collection_format)

@@ -14,6 +14,7 @@ from pyserini_mores.formats import (
     format_run_lines,
     read_collection,
     read_qrels,
+    read_ranked_run,
     read_run,
     read_topics,
     results_to_run,
@@ -186,6 +187,61 @@ def test_read_gzipped_run(tmp_path):
     path = tmp_path / "run.trec.gz"
     path.write_bytes(gzip.compress(b"q1 Q0 d1 1 2.0 t\nq1 Q0 d2 2 1.0 t\n"))
     assert read_run(path) == {"q1": {"d1": 2.0, "d2": 1.0}}
+
+
+# ------------------------------------------------------------------------------------------------- run order
+
+
+def docids_in_order(path: Path, **options) -> dict[str, list[str]]:
+    return {qid: [docid for docid, _ in hits] for qid, hits in read_ranked_run(path, **options).items()}
+
+
+def test_ranked_run_follows_the_rank_column_even_against_the_scores(tmp_path):
+    # Lines shuffled; q1's rank column puts d3 (lowest score) first and d1 (highest) last; ranks start at 0 and
+    # have a gap. trec_eval would rank q1 d1, d2, d3.
+    path = write(tmp_path, "run.trec", "q1 Q0 d2 5 2.0 t\nq2 Q0 x 1 1.0 t\nq1 Q0 d1 9 3.0 t\nq1 Q0 d3 0 1.0 t\n")
+    assert read_ranked_run(path) == {"q1": [("d3", 1.0), ("d2", 2.0), ("d1", 3.0)], "q2": [("x", 1.0)]}
+    assert read_run(path) == {"q1": {"d2": 2.0, "d1": 3.0, "d3": 1.0}, "q2": {"x": 1.0}}  # scores, in file order
+
+
+def test_ranked_run_breaks_equal_ranks_by_score_then_docid_descending(tmp_path):
+    # Rank 2 three times: its documents by score, the two of equal score by docid descending ("b" before "ab").
+    # The document ranked 3 has the highest score and still comes last.
+    path = write(tmp_path, "run.trec", "q1 Q0 ab 2 1.0 t\nq1 Q0 top 1 0.5 t\nq1 Q0 last 3 9.0 t\n"
+                                       "q1 Q0 b 2 1.0 t\nq1 Q0 c 2 2.0 t\n")
+    assert docids_in_order(path) == {"q1": ["top", "c", "b", "ab", "last"]}
+    # A rank column that says nothing (the same rank on every line): trec_eval's order, score then docid.
+    constant = write(tmp_path, "constant.trec", "q1 Q0 a 0 1.0 t\nq1 Q0 c 0 2.0 t\nq1 Q0 ab 0 1.0 t\n"
+                                                "q1 Q0 b 0 1.0 t\n")
+    assert docids_in_order(constant) == {"q1": ["c", "b", "ab", "a"]}
+
+
+def test_ranked_msmarco_run_follows_its_ranks_whatever_the_line_order(tmp_path):
+    path = write(tmp_path, "run.tsv", "q1\td3\t3\nq1\td1\t1\nq2\te1\t1\nq1\td2\t2\n")
+    assert read_ranked_run(path) == {"q1": [("d1", -1.0), ("d2", -2.0), ("d3", -3.0)], "q2": [("e1", -1.0)]}
+    assert docids_in_order(path, run_format="msmarco") == {"q1": ["d1", "d2", "d3"], "q2": ["e1"]}
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("run.trec", "q1 Q0 d1 1 2.0 t\nq1 Q0 d2 1.5 1.0 t\n",
+     "line 2: rank '1.5' is not an integer: 'q1 Q0 d2 1.5 1.0 t'"),
+    ("run.trec", "q1 Q0 d1 1 2.0 t\nq1 Q0 d2 - 1.0 t\n",
+     "line 2: rank '-' is not an integer: 'q1 Q0 d2 - 1.0 t'"),
+    ("run.trec", "q1 Q0 d1 1 2.0 t\nq1 Q0 d2 9223372036854775808 1.0 t\n",
+     "line 2: rank '9223372036854775808' is out of range (a 64-bit integer): "
+     "'q1 Q0 d2 9223372036854775808 1.0 t'"),
+    ("run.tsv", "q1\td1\t1\nq1\td2\tsecond\n", "line 2: rank 'second' is not an integer: 'q1\\td2\\tsecond'"),
+    ("run.tsv", "q1\td1\t1\nq1\td2\t-9223372036854775809\n",
+     "line 2: rank '-9223372036854775809' is out of range (a 64-bit integer): "
+     "'q1\\td2\\t-9223372036854775809'"),
+    ("run.tsv", "q1\td1\t2\nq2\td1\t1\nq1\td2\t1\nq1\td3\t2\n",
+     "line 4: rank 2 appears twice for query 'q1' (first on line 1); an MS MARCO run is ordered by rank "
+     "alone: 'q1\\td3\\t2'"),
+])
+def test_malformed_rank_columns_are_errors_naming_the_line(tmp_path, name, text, message):
+    path = write(tmp_path, name, text)
+    for reader in (read_run, read_ranked_run):
+        assert str(error_of(reader, path)) == f"{path}, {message}"
 
 
 # ---------------------------------------------------------------------------------------------------------- writing

@@ -9,13 +9,13 @@ queries would otherwise look better. Unlike ``trec_eval -c``, queries whose judg
 out, as MS MARCO does.
 
 Ranking: MRR takes each query's documents in the run's own order, as MS MARCO's ``msmarco_eval.py`` does. A run file
-is ranked by its rank column (TREC and MS MARCO runs alike; equal ranks, which only a TREC run can have, keep file
-order). A run given as a mapping is ranked by score, descending, equal scores in the mapping's order, which is the
-rank order in the runs :func:`~pyserini_mores.formats.read_run` and :func:`~pyserini_mores.formats.results_to_run`
-return: a searcher's hits and the file written from them get the same MRR even where scores tie after rounding to
-the file's 6 decimals. The other metrics come from pytrec_eval, which ignores the rank column and orders by score,
-then docid, both descending (trec_eval's rule, also that of Pyserini's ``trec_eval``): where scores tie, MRR can
-differ from trec_eval's ``recip_rank``, which is available under that name.
+is ranked as :func:`~pyserini_mores.formats.read_ranked_run` orders it: by its rank column (the rule, ties included,
+is stated there). A run given as a mapping is ranked by score, descending, equal scores in the mapping's order,
+which is the rank order in the runs :func:`~pyserini_mores.formats.read_run` and
+:func:`~pyserini_mores.formats.results_to_run` return: a searcher's hits and the file written from them get the same
+MRR even where scores tie after rounding to the file's 6 decimals. The other metrics come from pytrec_eval, which
+ignores the rank column and orders by score, then docid, both descending (trec_eval's rule, also that of Pyserini's
+``trec_eval``): where scores tie, MRR can differ from trec_eval's ``recip_rank``, which is available under that name.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
-from ..formats import _numbered_lines, read_qrels, read_run
+from ..formats import read_qrels, read_ranked_run, read_run
 
 logger = logging.getLogger(__name__)
 
@@ -183,29 +183,10 @@ def _reciprocal_rank(ranked: Iterable[str], relevant: set[str], cutoff: int | No
     return 0.0
 
 
-def _rank_column_order(path: str | os.PathLike[str]) -> dict[str, list[str]]:
-    """Each query's docids in the order of the run file's rank column, equal ranks in file order.
-
-    A second pass over a file :func:`read_run` has accepted (so every line is well formed), because ``read_run``
-    keeps the score but not the rank of a TREC line.
-    """
-    columns: dict[str, tuple[list[int], list[str]]] = {}
-    for _, line in _numbered_lines(path):
-        fields = line.split(None, 4)  # the score and tag of a TREC line stay unsplit
-        qid, docid, rank = (fields[0], fields[2], fields[3]) if len(fields) == 5 else fields
-        ranks, docids = columns.get(qid) or columns.setdefault(qid, ([], []))
-        ranks.append(int(rank))
-        docids.append(docid)
-    order: dict[str, list[str]] = {}
-    for qid, (ranks, docids) in columns.items():
-        in_file_order = all(earlier <= later for earlier, later in itertools.pairwise(ranks))  # the usual case
-        order[qid] = docids if in_file_order else [docids[i] for i in sorted(range(len(ranks)), key=ranks.__getitem__)]
-    return order
-
-
-def _warn_if_ranks_contradict_scores(path: str | os.PathLike[str], run: Run, order: Mapping[str, list[str]]) -> None:
-    contradicting = sum(1 for qid, docids in order.items()
-                        if any(run[qid][above] < run[qid][below] for above, below in itertools.pairwise(docids)))
+def _warn_if_ranks_contradict_scores(path: str | os.PathLike[str], ranked_run: Run) -> None:
+    """Warn about the queries of a run file (hits in rank order) that rank a document above a better one."""
+    contradicting = sum(1 for hits in ranked_run.values()
+                        if any(hits[above] < hits[below] for above, below in itertools.pairwise(hits)))
     if contradicting:
         logger.warning("%s: in %d queries a document is ranked above one with a higher score; MRR follows the rank "
                        "column (as msmarco_eval.py does), the other metrics the scores (as trec_eval does)",
@@ -223,7 +204,7 @@ def evaluate(
 
     Args:
         run: qid → {docid → score} (higher is better; for MRR, equal scores rank in the mapping's order), or a run
-            file path (TREC or MS MARCO format; MRR ranks by its rank column).
+            file path (TREC or MS MARCO format; MRR ranks it as :func:`~pyserini_mores.formats.read_ranked_run` does).
         qrels: qid → {docid → relevance}, or a TREC qrels file path.
         metrics: metric names, e.g. ``DEFAULT_METRICS`` = MRR@10, nDCG@10, MAP, R@100, R@1000.
         relevance_level: documents judged at least this are relevant (MRR, MAP, recall, P); nDCG uses the grades.
@@ -244,12 +225,15 @@ def evaluate(
         resolved.setdefault(metric.name, metric)
     if not resolved:
         raise ValueError("no metrics requested")
-    rank_order: dict[str, list[str]] | None = None  # for MRR: each query's docids by the file's rank column
+    in_rank_order = False  # for MRR: each query's mapping iterates in the run file's rank order
     if isinstance(run, (str, os.PathLike)):
-        path, run = run, read_run(run)
+        path = run
         if any(metric.trec_measure is None for metric in resolved.values()):
-            rank_order = _rank_column_order(path)
-            _warn_if_ranks_contradict_scores(path, run, rank_order)
+            run = {qid: dict(hits) for qid, hits in read_ranked_run(path).items()}
+            in_rank_order = True
+            _warn_if_ranks_contradict_scores(path, run)
+        else:
+            run = read_run(path)
     if isinstance(qrels, (str, os.PathLike)):
         qrels = read_qrels(qrels)
 
@@ -288,7 +272,7 @@ def evaluate(
                 if qid not in run:
                     values[qid] = 0.0
                     continue
-                ranked = rank_order[qid] if rank_order is not None else _by_score(run[qid], metric.cutoff)
+                ranked = run[qid] if in_rank_order else _by_score(run[qid], metric.cutoff)
                 values[qid] = _reciprocal_rank(ranked, relevant[qid], metric.cutoff)
             else:
                 values[qid] = float(trec_values.get(qid, {}).get(metric.trec_key, 0.0))

@@ -55,7 +55,7 @@ def render_index(report: Report, figures: dict, json_name: str) -> str:
     heads = "all heads averaged" if report.heads is None else "heads " + ", ".join(map(str, report.heads)) + " averaged"
     meta = [("Reranker", report.reranker), ("Model", report.model or "-"), ("Index", report.index or "-"),
             ("Document representations", report.source)]
-    if report.reranker != "tk":
+    if report.shared or any(document.attention for document in report.documents):  # kernel explanations have none
         meta.append(("Attention", heads))
     out.append('<table class="meta">' + "".join(f"<tr><th>{escape(k)}</th><td>{escape(str(v))}</td></tr>"
                                                 for k, v in meta) + "</table>")

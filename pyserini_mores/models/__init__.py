@@ -19,6 +19,8 @@ _EXPORTS = {
     "register_model": ".registry",
     "load_model": ".loading",
     "SHIPPED_MODELS_DIR": ".loading",
+    "SHIPPED_DEFAULTS": ".loading",
+    "default_model": ".loading",
     "shipped_model_path": ".loading",
     "shipped_models": ".loading",
 }

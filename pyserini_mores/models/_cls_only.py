@@ -106,12 +106,12 @@ def cls_only_attention(
     return ffn(attended)
 
 
-def cls_only_attention_stored(layer: TransformerLayer, cls: torch.Tensor, query_states: torch.Tensor,
+def cls_only_attention_stored(attention: Attention, ffn: FeedForward, cls: torch.Tensor, query_states: torch.Tensor,
                               query_mask: torch.Tensor, doc_keys: torch.Tensor, doc_values: torch.Tensor,
                               doc_mask: torch.Tensor) -> torch.Tensor:
-    """The [CLS] row of ``layer`` over a query block followed by documents whose keys and values in this layer are
-    already projected (stored): ``[B, n]``, equal to :func:`cls_only_layer` on the query block and the documents'
-    input states.
+    """The [CLS] row of a layer (its ``attention`` and ``ffn``) over a query block followed by documents whose keys
+    and values in this layer are already projected (stored): ``[B, n]``, equal to :func:`cls_only_layer` on the
+    query block and the documents' input states.
 
     Args:
         cls: ``[1|B, n]`` the [CLS] input state.
@@ -125,7 +125,6 @@ def cls_only_attention_stored(layer: TransformerLayer, cls: torch.Tensor, query_
     The key biases shift every logit of a head by the same amount, so keeping them (stored keys include them) or
     dropping them (folding) gives the same softmax.
     """
-    attention = layer.attention
     heads, head_dim = attention.num_heads, attention.head_dim
     batch = max(cls.shape[0], doc_keys.shape[0])
     queries = attention.query(cls).view(-1, heads, head_dim, 1) / math.sqrt(head_dim)  # [Bc, h, dh, 1]
@@ -149,7 +148,7 @@ def cls_only_attention_stored(layer: TransformerLayer, cls: torch.Tensor, query_
         start += length
     context = context.reshape(batch, heads * head_dim).to(compute_dtype(attention.output.weight))
     attended = attention.norm(cls + attention.dropout(attention.output(context)))
-    return layer.ffn(attended)
+    return ffn(attended)
 
 
 def cls_only_layer(layer: TransformerLayer, cls: torch.Tensor,

@@ -18,6 +18,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterable
@@ -37,6 +38,10 @@ TOKENIZER_VOCAB_NAMES = ("tokenizer.json", "vocab.txt")
 #: backbone: the same backbone and config give the same model — and so the same fingerprint and sidecar — in every
 #: process (see :meth:`RankingModel.initialised`)
 INIT_SEED = 0
+
+#: serialises the models' tokenizer calls (see :meth:`RankingModel.call_tokenizer`); one for every model, as models
+#: loaded from the same files may share one tokenizer object
+_TOKENIZER_LOCK = threading.Lock()
 
 
 @dataclass
@@ -84,6 +89,9 @@ class RankingModel(nn.Module):
     starts_from_rankers: ClassVar[bool] = False
     #: a trained checkpoint of it is a BERT backbone (its ``encoder``) for the models that start from rankers
     encoder_is_a_backbone: ClassVar[bool] = False
+    #: it can start from a GloVe-format text file (``--init vectors.txt``): its class method
+    #: ``from_glove(path, max_words=None, **config_overrides)`` builds it
+    starts_from_glove: ClassVar[bool] = False
 
     # ---- how it scores under bf16 -------------------------------------------------------------------------------
     #: name prefixes of parameters used in fp32 on purpose, with autocast disabled: a bf16 scoring copy keeps them
@@ -154,10 +162,16 @@ class RankingModel(nn.Module):
     def tokenize_documents(self, texts: list[str]) -> DocBatch:
         return self._tokenize(texts, self.config.doc_max_length)
 
+    def call_tokenizer(self, texts: list[str], **options) -> dict:
+        """``self.tokenizer(texts, **options)``, one call at a time: a Hugging Face fast tokenizer sets its
+        truncation and padding on the shared Rust tokenizer at every call, so a query batch tokenized on one thread
+        while a document batch is on another could cut the documents at the query length (measured: 38 of 300
+        document batches at 16 tokens). Every tokenization of a model goes through here."""
+        with _TOKENIZER_LOCK:
+            return self.tokenizer(list(texts), **options)
+
     def _tokenize(self, texts: list[str], max_length: int) -> dict:
-        batch = self.tokenizer(
-            list(texts), max_length=max_length, truncation=True, padding=True, return_tensors="pt"
-        )
+        batch = self.call_tokenizer(texts, max_length=max_length, truncation=True, padding=True, return_tensors="pt")
         return {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
 
     # ---- the three scoring entry points and the training forward --------------------------------------------------

@@ -139,7 +139,7 @@ class CrossEncoder(RankingModel):
         return scores
 
     def _tokenize_ids(self, texts: list[str], max_length: int) -> list[list[int]]:
-        return self.tokenizer(list(texts), max_length=max_length, truncation=True)["input_ids"]
+        return self.call_tokenizer(texts, max_length=max_length, truncation=True)["input_ids"]
 
     # ---- the benchmark ------------------------------------------------------------------------------------------
     def flops(self, query_tokens: int, doc_tokens: int) -> FlopCount:

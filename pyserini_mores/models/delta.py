@@ -6,6 +6,10 @@ the package ship trained models for its embedded default in a few MB. Loading re
 exactly as training started it (:meth:`~.base.RankingModel.initialised`, same seed) and overwrites the stored
 tensors, so a delta loads to the same weights in every process (and so finds the same sidecar).
 
+A model initialised from a fine-tuned ranker (``--init`` a trained cross-encoder) or trained with its embeddings
+free moves only the embedding rows of the tokens its training text contained: those tables are stored row-sparse —
+the changed rows under the tensor's name and their indices under ``NAME@rows`` — when that is smaller.
+
 Layout: ``config.json`` (the model's, plus ``"delta"``: dtype and the number of tensors) and ``delta.safetensors``.
 """
 from __future__ import annotations
@@ -23,6 +27,8 @@ from .base import CONFIG_NAME, RankingModel
 DELTA_WEIGHTS_NAME = "delta.safetensors"
 #: config fields that ``from_backbone`` derives from the backbone itself (and so must not be passed back to it)
 BACKBONE_DERIVED_FIELDS = ("encoder", "backbone", "embedding_dim", "vocab_size", "tokenizer_type")
+#: suffix of the tensor holding the row indices of a row-sparse stored table
+ROWS_SUFFIX = "@rows"
 
 
 def is_delta_checkpoint(directory: str | os.PathLike) -> bool:
@@ -47,16 +53,29 @@ def save_delta(model: RankingModel, directory: str | os.PathLike, dtype: torch.d
             continue
         seen.add(tensor.data_ptr())
         if not torch.equal(tensor, reference_state[name]):
-            changed[name] = tensor.detach().to("cpu", dtype if tensor.is_floating_point() else tensor.dtype).clone()
+            changed.update(_changed_part(name, tensor.detach().cpu(), reference_state[name].cpu(), dtype))
+    tensors = sum(not name.endswith(ROWS_SUFFIX) for name in changed)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     config = {"model_type": model.model_type, **model.config.to_dict(),
-              "delta": {"dtype": str(dtype).removeprefix("torch."), "tensors": len(changed)}}
+              "delta": {"dtype": str(dtype).removeprefix("torch."), "tensors": tensors}}
     (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     save_file(changed, str(directory / DELTA_WEIGHTS_NAME))
-    stored = sum(tensor.numel() for tensor in changed.values())
-    return {"tensors": len(changed), "parameters": stored, "of_parameters": total,
+    stored = sum(tensor.numel() for name, tensor in changed.items() if not name.endswith(ROWS_SUFFIX))
+    return {"tensors": tensors, "parameters": stored, "of_parameters": total,
             "bytes": (directory / DELTA_WEIGHTS_NAME).stat().st_size}
+
+
+def _changed_part(name: str, tensor: torch.Tensor, reference: torch.Tensor,
+                  dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The stored form of a changed tensor: whole, or — for a 2-D table with fewer than half its rows changed —
+    the changed rows and their indices."""
+    stored_dtype = dtype if tensor.is_floating_point() else tensor.dtype
+    if tensor.dim() == 2:
+        rows = (tensor != reference).any(dim=1).nonzero().flatten()
+        if 2 * len(rows) < len(tensor):
+            return {name: tensor[rows].to(stored_dtype).clone(), name + ROWS_SUFFIX: rows.to(torch.int64)}
+    return {name: tensor.to(stored_dtype).clone()}
 
 
 def load_delta(model_cls: type[RankingModel], directory: str | os.PathLike, **overrides) -> RankingModel:
@@ -78,13 +97,22 @@ def load_delta(model_cls: type[RankingModel], directory: str | os.PathLike, **ov
 def _apply_delta(model_cls: type[RankingModel], directory: Path, values: dict, overrides: dict) -> RankingModel:
     model = rebuild_from_backbone(model_cls, {**values, **overrides})
     state = model.state_dict()
+    stored = load_file(str(directory / DELTA_WEIGHTS_NAME))
     with torch.no_grad():
-        for name, tensor in load_file(str(directory / DELTA_WEIGHTS_NAME)).items():
-            if name not in state or state[name].shape != tensor.shape:
+        for name, tensor in stored.items():
+            if name.endswith(ROWS_SUFFIX):
+                continue
+            rows = stored.get(name + ROWS_SUFFIX)
+            target = state.get(name)
+            if rows is not None and target is not None and target.dim() == 2 \
+                    and tensor.shape[1:] == target.shape[1:] and (rows.numel() == 0 or int(rows.max()) < len(target)):
+                target[rows] = tensor.to(target.dtype)
+            elif rows is None and target is not None and target.shape == tensor.shape:
+                target.copy_(tensor.to(target.dtype))
+            else:
                 raise ValueError(f"{directory / DELTA_WEIGHTS_NAME}: tensor '{name}' "
                                  f"{tuple(tensor.shape)} does not fit the model rebuilt from "
                                  f"'{values.get('backbone')}'; was it saved from another backbone?")
-            state[name].copy_(tensor.to(state[name].dtype))
     return model.eval()
 
 

@@ -8,13 +8,16 @@ from pathlib import Path
 
 from torch import nn
 
-from .backbones import OFFLINE_MINILM_NAMES, load_backbone
+from .backbones import DEFAULT_BACKBONE, OFFLINE_MINILM_NAMES, load_backbone
 from .base import CONFIG_NAME, RankingModel
 from .delta import is_delta_checkpoint, load_delta
 from .registry import MODEL_CLASSES, model_class
 
 #: trained models shipped inside the package (as deltas over the bundled MiniLM), loadable by directory name
 SHIPPED_MODELS_DIR = Path(__file__).resolve().parents[1] / "resources" / "models"
+#: the shipped checkpoint each model type loads when no model is named (all trained on debian-packages' training
+#: queries; see docs/results.md)
+SHIPPED_DEFAULTS = {"maxsim": "debian-maxsim", "cross-encoder": "debian-cross-encoder", "mores": "debian-mores-2ib"}
 
 
 def load_model(model_type: str, name_or_path: str | os.PathLike, **overrides) -> RankingModel:
@@ -25,8 +28,8 @@ def load_model(model_type: str, name_or_path: str | os.PathLike, **overrides) ->
     """
     cls = model_class(model_type)
     model = None
-    name_or_path = shipped_model_path(name_or_path) or name_or_path
-    directory = Path(name_or_path)
+    shipped = shipped_model_path(name_or_path)
+    directory = Path(shipped or name_or_path)
     if directory.is_dir() and not (directory / CONFIG_NAME).is_file() \
             and str(name_or_path).lower() not in OFFLINE_MINILM_NAMES:
         # Neither a checkpoint nor an HF backbone directory: say so, rather than transformers' "no model_type".
@@ -36,15 +39,17 @@ def load_model(model_type: str, name_or_path: str | os.PathLike, **overrides) ->
         values = json.loads((directory / CONFIG_NAME).read_text())
         stored_type = values.get("model_type")
         if stored_type == model_type and "architectures" not in values:
-            model = (load_delta(cls, name_or_path, **overrides) if is_delta_checkpoint(name_or_path)
-                     else cls.from_pretrained(name_or_path, **overrides))
+            model = (load_delta(cls, directory, **overrides) if is_delta_checkpoint(directory)
+                     else cls.from_pretrained(directory, **overrides))
         elif stored_type in MODEL_CLASSES and not (
                 model_class(stored_type).encoder_is_a_backbone and cls.starts_from_rankers):
-            raise ValueError(f"{name_or_path} holds a '{stored_type}' checkpoint, not a '{model_type}' one")
+            raise ValueError(f"{directory} holds a '{stored_type}' checkpoint, not a '{model_type}' one")
     if model is None:
+        # A shipped ranker as the backbone is recorded by name (config.backbone), not by this installation's path,
+        # so that a delta trained from it rebuilds wherever the package is installed.
         model = cls.initialised(name_or_path, **overrides)
     # Remembered so that commands can tell the user how to rebuild what this model needs (e.g. its sidecar).
-    model.source, model.source_overrides = str(name_or_path), dict(overrides)
+    model.source, model.source_overrides = str(directory), dict(overrides)
     return model
 
 
@@ -58,6 +63,7 @@ def trained_ranker(name_or_path: str | os.PathLike, model_types: tuple[str, ...]
     A MaxSim encoder's token states were trained to be matched by query tokens one by one, which is what MORES's
     cross-attention reads from the sidecar (its projection, if any, is not part of the backbone).
     """
+    name_or_path = shipped_model_path(name_or_path) or name_or_path
     config_path = Path(name_or_path) / CONFIG_NAME
     if not config_path.is_file():
         return None
@@ -114,5 +120,13 @@ def shipped_models() -> list[str]:
     return sorted(p.name for p in SHIPPED_MODELS_DIR.glob("*") if (p / CONFIG_NAME).is_file())
 
 
-__all__ = ["SHIPPED_MODELS_DIR", "backbone_weights", "copy_ranker_head", "load_model", "shipped_model_path",
-           "shipped_models", "trained_ranker"]
+def default_model(model_type: str) -> str:
+    """What a ``model_type`` reranker loads when no model is named: its shipped trained checkpoint, or — for a type
+    none ships for — the untrained backbone (whose ranking head is random: fine for building and timing, not for
+    ranking)."""
+    name = SHIPPED_DEFAULTS.get(model_type)
+    return name if name is not None and shipped_model_path(name) is not None else DEFAULT_BACKBONE
+
+
+__all__ = ["SHIPPED_DEFAULTS", "SHIPPED_MODELS_DIR", "backbone_weights", "copy_ranker_head", "default_model",
+           "load_model", "shipped_model_path", "shipped_models", "trained_ranker"]

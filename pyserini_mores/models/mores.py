@@ -13,6 +13,13 @@ Module by module::
     logits = head(Pool(Q))                               Pool: [CLS] row, or the masked mean of real query tokens
     score  = logits[1] − logits[0]                       (see :func:`.losses.ranking_scores`)
 
+``interaction='joint'`` (beyond the paper) replaces each block's two attentions by one attention of the query rows
+over the query's and the document's keys together, ``Q = LN(Attend(Q, [Q; D]) + Q)``: a cross-encoder layer's
+computation for the query rows of ``[CLS] q [SEP] d [SEP]``, with the document rows held at their stored states.
+Initialised from a trained cross-encoder with ``document_layers = L − K``, it starts as that cross-encoder with only
+the query → document context of the first L − K layers (and the document rows' updates in the last K) cut away,
+where the paper's blocks start as two copies of each attention stacked.
+
 What the sidecar stores (``reuse``; scores are identical either way):
 
 * ``s1`` — Reuse-S1: ``D`` itself, all real tokens incl. ``[CLS]``/``[SEP]``; ``store_width = n``. Each block
@@ -45,7 +52,7 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
-from ._cls_only import TokenBlock, cls_only_attention, compute_dtype
+from ._cls_only import TokenBlock, cls_only_attention, cls_only_attention_stored, compute_dtype
 from ._layers import (
     Attention,
     BertDims,
@@ -74,6 +81,7 @@ S2_READS = ("auto", "heads", "tokens")
 # faster, the gather of 64-byte slices costing what the attention saved.
 HEAD_MAJOR_MIN_HEAD_DIM = 64
 IB_INITS = ("copy", "random")
+INTERACTIONS = ("separate", "joint")
 MODULE_NAMES = ("document_module", "query_module", "interaction_module")
 INITIALIZER_RANGE = 0.02  # BERT's init std for new weights (head, random cross-attention)
 
@@ -97,6 +105,10 @@ class MoresConfig(RankingConfig):
             (for pairwise/listwise losses).
         ib_init: ``"copy"`` — each block's cross-attention starts as a copy of its BERT layer's self-attention
             (the paper's initialisation); ``"random"`` — BERT-style random init (the paper's ablation, much worse).
+            Separate interaction only (joint blocks have no cross-attention).
+        interaction: ``"separate"`` — the paper's block: cross-attention to the document, then query
+            self-attention, then FFN; ``"joint"`` — one attention over query and document keys, then FFN (see the
+            module docstring). Reuse-S2 stores the key/value projections of whichever attention reads documents.
         s2_reads: how Reuse-S2 batches are read, a runtime choice that never changes scores: ``"heads"`` —
             head-major, every attention head's stored keys contiguous (the gather transposes; attention runs
             faster); ``"tokens"`` — as stored; ``"auto"`` (default) — heads when a head is at least
@@ -116,9 +128,13 @@ class MoresConfig(RankingConfig):
     ib_init: str = "copy"
     s2_reads: str = "auto"
     document_layers: int | None = None
+    interaction: str = "separate"
 
     def __post_init__(self):
         _check_choice("pooling", self.pooling, POOLINGS)
+        _check_choice("interaction", self.interaction, INTERACTIONS)
+        if self.interaction == "joint" and self.ib_init != "copy":
+            raise ValueError("ib_init chooses the cross-attention's start; joint interaction blocks have none")
         _check_choice("reuse", self.reuse, REUSES)
         _check_choice("s2_reads", self.s2_reads, S2_READS)
         _check_choice("ib_init", self.ib_init, IB_INITS)
@@ -235,13 +251,34 @@ class QueryRepresentationModule(nn.Module):
 
 
 class InteractionBlock(nn.Module):
-    """Cross-attention (query → fixed document keys/values), query self-attention, FFN — all BERT post-LN."""
+    """Separate (the paper): cross-attention (query → fixed document keys/values), query self-attention, FFN.
+    Joint: one attention of the query rows over the query's and the fixed document keys/values, FFN. BERT post-LN."""
 
-    def __init__(self, dims: BertDims):
+    def __init__(self, dims: BertDims, joint: bool = False):
         super().__init__()
-        self.cross_attention = Attention(dims)
+        self.joint = joint
+        self.cross_attention = None if joint else Attention(dims)
         self.self_attention = Attention(dims)
         self.ffn = FeedForward(dims)
+
+    @property
+    def document_attention(self) -> Attention:
+        """The attention whose key/value projections read the documents (what Reuse-S2 stores)."""
+        return self.self_attention if self.joint else self.cross_attention
+
+    def document_attention_probs(self, x: torch.Tensor, doc_keys: torch.Tensor, doc_mask: torch.Tensor,
+                                 query_mask: torch.Tensor) -> torch.Tensor:
+        """``[B, h, q, d]`` attention of the query rows on the documents' tokens: the cross-attention (rows sum to
+        1), or the document columns of the joint attention (rows sum to the share the documents get)."""
+        if not self.joint:
+            return self.cross_attention.attention_probs(x, doc_keys, doc_mask)
+        attention = self.self_attention
+        query_keys = attention.split_heads(attention.key(x))
+        doc_keys = doc_keys if doc_keys.dim() == 4 else attention.split_heads(doc_keys)
+        batch = doc_keys.shape[0]
+        keys = torch.cat([query_keys.to(doc_keys.dtype).expand(batch, -1, -1, -1), doc_keys], dim=2)
+        mask = torch.cat([query_mask.expand(batch, -1, -1, -1), doc_mask], dim=-1)
+        return attention.attention_probs(x, keys, mask)[..., query_keys.shape[2]:]
 
     def forward(
         self,
@@ -257,8 +294,11 @@ class InteractionBlock(nn.Module):
         ``cross_queries [1|B, h, q, n/h]``: the cross-attention query projection of ``x`` when already known
         (the first block, computed once per query); ``doc_mask [B, 1, 1, d]``, ``query_mask [1|B, 1, 1, q]``.
         """
-        x = _cross_attend(self.cross_attention, x, doc_keys, doc_values, doc_mask, cross_queries)
-        x = self.self_attention(x, mask=query_mask)
+        if self.joint:
+            x = _joint_attend(self.self_attention, x, doc_keys, doc_values, doc_mask, query_mask, cross_queries)
+        else:
+            x = _cross_attend(self.cross_attention, x, doc_keys, doc_values, doc_mask, cross_queries)
+            x = self.self_attention(x, mask=query_mask)
         return self.ffn(x)
 
 
@@ -293,12 +333,36 @@ def _cross_attend(attention: Attention, x: torch.Tensor, keys: torch.Tensor, val
     return attention.norm(x + attention.dropout(attention.output(attention.merge_heads(context))))
 
 
+def _joint_attend(attention: Attention, x: torch.Tensor, doc_keys: torch.Tensor, doc_values: torch.Tensor,
+                  doc_mask: torch.Tensor, query_mask: torch.Tensor,
+                  queries: torch.Tensor | None = None) -> torch.Tensor:
+    """One attention of the query rows ``x [1|B, q, n]`` over their own keys and values followed by the
+    documents' (``[B, d, n]`` or split into heads), one softmax over both: a BERT layer's attention for the query
+    rows of ``[query; document]``. ``queries``: the query projection of ``x`` when already known; masks as
+    :meth:`InteractionBlock.forward` takes them."""
+    if queries is None:
+        queries = attention.split_heads(attention.query(x))
+    if doc_keys.dim() == 3:
+        doc_keys, doc_values = attention.split_heads(doc_keys), attention.split_heads(doc_values)
+    batch, dtype = doc_keys.shape[0], doc_keys.dtype
+    query_keys, query_values = (attention.split_heads(projected).to(dtype).expand(batch, -1, -1, -1)
+                                for projected in attention.project_keys_values(x))
+    context = attention_context(
+        queries.to(dtype).expand(batch, -1, -1, -1),
+        torch.cat([query_keys, doc_keys], dim=2),
+        torch.cat([query_values, doc_values.to(dtype)], dim=2),
+        torch.cat([query_mask.expand(batch, -1, -1, -1), doc_mask], dim=-1),
+        dropout_p=attention.attention_dropout if attention.training else 0.0,
+    )
+    return attention.norm(x + attention.dropout(attention.output(attention.merge_heads(context))))
+
+
 class InteractionModule(nn.Module):
     """K :class:`InteractionBlock` and the score head (everything that runs once per (query, candidate))."""
 
-    def __init__(self, dims: BertDims, n_blocks: int, num_labels: int):
+    def __init__(self, dims: BertDims, n_blocks: int, num_labels: int, joint: bool = False):
         super().__init__()
-        self.blocks = nn.ModuleList(InteractionBlock(dims) for _ in range(n_blocks))
+        self.blocks = nn.ModuleList(InteractionBlock(dims, joint) for _ in range(n_blocks))
         self.head = nn.Linear(dims.hidden_size, num_labels)
 
 
@@ -347,7 +411,8 @@ class MoresModel(RankingModel):
         else:
             query_layers = nn.ModuleList(TransformerLayer(dims) for _ in range(n_query))
         self.query_module = QueryRepresentationModule(dims, query_layers)
-        self.interaction_module = InteractionModule(dims, config.n_interaction_blocks, config.num_labels)
+        self.interaction_module = InteractionModule(dims, config.n_interaction_blocks, config.num_labels,
+                                                    joint=config.interaction == "joint")
         self.apply(_init_bert_weights)
 
     # ---- construction ---------------------------------------------------------------------------------------
@@ -386,6 +451,8 @@ class MoresModel(RankingModel):
             layer_weights = _sub_state(weights, f"layers.{n_query + index}.")
             block.self_attention.load_state_dict(_sub_state(layer_weights, "attention."))
             block.ffn.load_state_dict(_sub_state(layer_weights, "ffn."))
+            if block.joint:
+                continue
             if self.config.ib_init == "copy":
                 block.cross_attention.load_state_dict(_sub_state(layer_weights, "attention."))
             else:
@@ -420,19 +487,22 @@ class MoresModel(RankingModel):
         return "s1" if self.config.reuse == "s1" else f"s2-k{self.config.n_interaction_blocks}"
 
     def store_parameters(self) -> Iterable[tuple[str, torch.Tensor]]:
-        """S1: the document module only. S2: plus every block's cross-attention key/value projections."""
+        """S1: the document module only. S2: plus every block's key/value projections of the documents."""
         parameters = dict(self.document_module.state_dict(prefix="document_module."))
         if self.config.reuse == "s2":
+            attention_name = "self_attention" if self.config.interaction == "joint" else "cross_attention"
             for index, block in enumerate(self.interaction_module.blocks):
-                prefix = f"interaction_module.blocks.{index}.cross_attention."
-                parameters.update(block.cross_attention.key.state_dict(prefix=prefix + "key."))
-                parameters.update(block.cross_attention.value.state_dict(prefix=prefix + "value."))
+                prefix = f"interaction_module.blocks.{index}.{attention_name}."
+                parameters.update(block.document_attention.key.state_dict(prefix=prefix + "key."))
+                parameters.update(block.document_attention.value.state_dict(prefix=prefix + "value."))
         return parameters.items()
 
     def store_config(self) -> dict:
         values = {**super().store_config(), "reuse": self.config.reuse}
         if self.config.reuse == "s2":
             values["n_interaction_blocks"] = self.config.n_interaction_blocks
+            if self.config.interaction != "separate":  # absent for the paper's blocks: their sidecars keep their ids
+                values["interaction"] = self.config.interaction
         return values
 
     def set_reuse(self, reuse: str) -> None:
@@ -448,16 +518,16 @@ class MoresModel(RankingModel):
         if self.config.reuse == "s2":
             projections = []
             for block in self.interaction_module.blocks:
-                projections.extend(block.cross_attention.project_keys_values(hidden))
+                projections.extend(block.document_attention.project_keys_values(hidden))
             hidden = torch.cat(projections, dim=-1)  # [B, d, 2·K·n] = [K₁‖V₁‖…‖K_K‖V_K]
         lengths = doc_batch["attention_mask"].sum(1).tolist()
         return [hidden[i, :length] for i, length in enumerate(lengths)]
 
     def encode_query(self, query_batch: dict, attentions: list[torch.Tensor] | None = None) -> MoresQueryState:
-        """Online, once per query (batch 1): Q and the first block's cross-attention query projection; with
-        ``attentions`` (a list), each query-module layer's self-attention is appended to it."""
+        """Online, once per query (batch 1): Q and the first block's query projection (of the attention that reads the
+        documents); with ``attentions`` (a list), each query-module layer's self-attention is appended to it."""
         hidden = self._encode_query_batch(query_batch, attentions)
-        first = self.interaction_module.blocks[0].cross_attention
+        first = self.interaction_module.blocks[0].document_attention
         return MoresQueryState(
             hidden=hidden,
             mask=attention_mask_from_ids(query_batch["attention_mask"]),
@@ -590,7 +660,7 @@ class MoresModel(RankingModel):
         config = self.config
         return mores_flops(EncoderShape.from_dims(config.encoder), query_tokens, doc_tokens,
                            config.n_interaction_blocks, config.reuse, config.num_labels,
-                           every_row=config.pooling != "cls")
+                           every_row=config.pooling != "cls", interaction=config.interaction)
 
     @classmethod
     def benchmark_variants(cls, num_layers: int, compression_dim: int) -> list[tuple[str, dict]]:
@@ -744,12 +814,12 @@ class MoresModel(RankingModel):
         blocks = self.interaction_module.blocks
         real = doc_mask[:, 0, 0, :]
         if not torch.is_grad_enabled() or bool(real.all()):
-            return lambda index: blocks[index].cross_attention.project_keys_values(docs)
+            return lambda index: blocks[index].document_attention.project_keys_values(docs)
         tokens = docs[real]  # [T, n]: the real rows, document after document
 
         def keys_values(index: int):
             return tuple(_unpack(projected, real)
-                         for projected in blocks[index].cross_attention.project_keys_values(tokens))
+                         for projected in blocks[index].document_attention.project_keys_values(tokens))
 
         return keys_values
 
@@ -766,7 +836,15 @@ class MoresModel(RankingModel):
             keys, values = keys_values(index)
             cross_queries = first_block_queries if index == 0 else None
             if attentions is not None:
-                attentions.append(block.cross_attention.attention_probs(x, keys, doc_mask))
+                attentions.append(block.document_attention_probs(x, keys, doc_mask, query_mask))
+            if cls_pooling and index == len(blocks) - 1 and block.joint:
+                # Only the [CLS] row leaves the last block: its one attention over the query rows and the
+                # documents' keys and values, and its FFN, for that row alone (exact).
+                heads = block.self_attention.split_heads
+                keys, values = (keys, values) if keys.dim() == 4 else (heads(keys), heads(values))
+                pooled = cls_only_attention_stored(block.self_attention, block.ffn, x[:, 0], x,
+                                                   query_mask[:, 0, 0, :], keys, values, doc_mask[:, 0, 0, :])
+                return score_head(self.interaction_module.head, pooled)
             if cls_pooling and index == len(blocks) - 1:
                 # Only the [CLS] row leaves the last block: after its cross-attention (every row, as keys and
                 # values of the self-attention) the self-attention and FFN run for that one row — exact, and it
@@ -782,7 +860,7 @@ class MoresModel(RankingModel):
 
 
 def mores_flops(shape: EncoderShape, query_tokens: int, doc_tokens: int, interaction_blocks: int, reuse: str,
-                num_labels: int = 2, every_row: bool = False) -> FlopCount:
+                num_labels: int = 2, every_row: bool = False, interaction: str = "separate") -> FlopCount:
     """MORES's online FLOPs: the query module once, then ``K`` interaction blocks per candidate.
     ``doc_tokens`` = ``[CLS] d [SEP]``.
 
@@ -791,10 +869,12 @@ def mores_flops(shape: EncoderShape, query_tokens: int, doc_tokens: int, interac
     self-attention ``8·q·n² + 4·q²·n``, FFN ``4·q·n·f`` — except in the last block with [CLS] pooling, where the
     self-attention and FFN are ``cls_layer(q)``; Reuse-S1 adds the document keys/values ``4·d·n²``; head ``4n``.
     ``every_row=False`` counts what the code runs with [CLS] pooling; ``True`` the paper's count, every row of every
-    block (mean pooling runs it too). Notation in :mod:`.flops`.
+    block (mean pooling runs it too). ``interaction='joint'``: :func:`joint_mores_flops`. Notation in :mod:`.flops`.
     """
     if reuse not in REUSES:
         raise ValueError(f"reuse must be s1 or s2, not {reuse!r}")
+    if interaction == "joint":
+        return joint_mores_flops(shape, query_tokens, doc_tokens, interaction_blocks, reuse, num_labels, every_row)
     n, f, q, d = shape.hidden, shape.ffn, query_tokens, doc_tokens
     terms = [
         Term("query_module", (shape.layers - interaction_blocks) * bert_layer(q, shape), "query"),
@@ -815,6 +895,36 @@ def mores_flops(shape: EncoderShape, query_tokens: int, doc_tokens: int, interac
         else:
             terms += [
                 Term(prefix + "self_attention", linear(q, n, 3 * n) + attention(q, q, n) + linear(q, n, n)),
+                Term(prefix + "ffn", linear(q, n, f) + linear(q, f, n)),
+            ]
+    terms.append(Term("head", linear(1, n, num_labels)))
+    return FlopCount(tuple(terms))
+
+
+def joint_mores_flops(shape: EncoderShape, query_tokens: int, doc_tokens: int, interaction_blocks: int, reuse: str,
+                      num_labels: int = 2, every_row: bool = False) -> FlopCount:
+    """MORES with joint interaction blocks: the query module once; per block the query rows' projections
+    ``6·q·n²`` (once per query in block 1, whose input is the same for every candidate), one attention over
+    ``q + d`` keys ``4·q·(q + d)·n``, its output ``2·q·n²`` and the FFN — in the last block with [CLS] pooling only
+    the [CLS] row's query, output and FFN, the query rows' keys and values ``4·q·n²`` and ``4·(q + d)·n`` over the
+    projected keys and values; Reuse-S1 adds the document keys/values ``4·d·n²``; head ``4n``."""
+    n, f, q, d = shape.hidden, shape.ffn, query_tokens, doc_tokens
+    terms = [Term("query_module", (shape.layers - interaction_blocks) * bert_layer(q, shape), "query")]
+    for block in range(1, interaction_blocks + 1):
+        prefix = f"block{block}_"
+        query_side = "query" if block == 1 else "candidate"
+        if reuse == "s1":
+            terms.append(Term(prefix + "doc_key_value_projection", 2 * linear(d, n, n)))
+        if block == interaction_blocks and not every_row:
+            terms += [
+                Term(prefix + "query_key_value_projection", linear(q, n, 2 * n), query_side),
+                Term(prefix + "cls_attention_ffn", linear(1, n, n) + 2 * (2 * (q + d) * n) + linear(1, n, n)
+                     + linear(1, n, f) + linear(1, f, n)),
+            ]
+        else:
+            terms += [
+                Term(prefix + "query_key_value_projection", linear(q, n, 3 * n), query_side),
+                Term(prefix + "joint_attention", attention(q, q + d, n) + linear(q, n, n)),
                 Term(prefix + "ffn", linear(q, n, f) + linear(q, f, n)),
             ]
     terms.append(Term("head", linear(1, n, num_labels)))

@@ -319,15 +319,15 @@ class PreTTRModel(RankingModel):
     # ---- tokenization -------------------------------------------------------------------------------------------
     def tokenize_queries(self, texts: list[str]) -> dict:
         """``[CLS] q [SEP]`` padded to exactly ``query_max_length``: ``input_ids``/``attention_mask`` ``[B, Qb]``."""
-        batch = self.tokenizer(list(texts), max_length=self.query_block_length, truncation=True,
-                               padding="max_length", return_tensors="pt")
+        batch = self.call_tokenizer(texts, max_length=self.query_block_length, truncation=True,
+                                    padding="max_length", return_tensors="pt")
         return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
 
     def tokenize_documents(self, texts: list[str]) -> dict:
         """``d [SEP]`` (the tokenizer's [CLS] dropped), at most ``doc_max_length - 1`` tokens, right-padded:
         ``input_ids``/``attention_mask`` ``[B, Ld]``."""
-        batch = self.tokenizer(list(texts), max_length=self.config.doc_max_length, truncation=True,
-                               padding=True, return_tensors="pt")
+        batch = self.call_tokenizer(texts, max_length=self.config.doc_max_length, truncation=True,
+                                    padding=True, return_tensors="pt")
         input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
         if not bool((input_ids[:, 0] == self.tokenizer.cls_token_id).all()):
             raise ValueError("the tokenizer did not put [CLS] first; PreTTR needs a BERT-style tokenizer")
@@ -471,7 +471,8 @@ class PreTTRModel(RankingModel):
         weight = self.head.weight
         docs = docs.to(device=weight.device, dtype=compute_dtype(weight))
         doc_mask = key_padding_mask(lengths.to(weight.device), docs.shape[2])[:, 0, 0]
-        pooled = cls_only_attention_stored(self.encoder.layers[-1], query_state.states[:, 0], query_state.states,
+        last = self.encoder.layers[-1]
+        pooled = cls_only_attention_stored(last.attention, last.ffn, query_state.states[:, 0], query_state.states,
                                            query_state.mask, docs[:, :heads], docs[:, heads:], doc_mask)
         return self._head(pooled)
 

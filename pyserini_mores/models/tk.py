@@ -397,6 +397,7 @@ class TKModel(RankingModel):
     default_loss = "pairwise"  # the paper's hinge
     #: the kernel-scoring weights (§4.3: trained at 1e-3, the embeddings and contextualiser at 1e-4)
     new_parameters = ("pooled_scale", "log_weights.", "len_weights.", "combine.")
+    starts_from_glove = True  # the paper's word-level embeddings (:meth:`from_glove`)
     fp32_parameters = ("log_weights.", "len_weights.", "combine.", "pooled_scale")  # kernel pooling and scoring
     document_special_tokens = 0
     stores_unit_vectors = True
@@ -498,8 +499,8 @@ class TKModel(RankingModel):
     # ---- tokenization -------------------------------------------------------------------------------------------
     def _tokenize(self, texts: list[str], max_length: int) -> dict:
         """``input_ids``/``attention_mask`` ``[B, L]`` without special tokens; the mask is 0 on padding *and* OOV."""
-        batch = self.tokenizer(list(texts), max_length=max_length, truncation=True, padding=True,
-                               return_tensors="pt", add_special_tokens=False)
+        batch = self.call_tokenizer(texts, max_length=max_length, truncation=True, padding=True,
+                                    return_tensors="pt", add_special_tokens=False)
         input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
         if input_ids.shape[1] == 0:  # every text empty: keep one padded column so shapes stay valid
             input_ids = input_ids.new_full((input_ids.shape[0], 1), self.tokenizer.pad_token_id)

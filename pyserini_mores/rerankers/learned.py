@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..models import RankingModel, load_model, pad_documents
-from ..precision import resolve_precision
+from ..models import RankingModel, default_model, load_model, pad_documents, shipped_models
+from ..precision import resolve_device, resolve_precision
 from ..sidecar import BatchBuffer, SidecarRowMismatchError, open_sidecar
 from ..types import Query, Text
 from .base import Reranker
@@ -26,7 +26,6 @@ from .base import Reranker
 logger = logging.getLogger(__name__)
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
-DEFAULT_MODEL = "minilm"
 #: Under a deadline, a query's candidates are scored in at least this many batches (fewer only when they would be
 #: smaller than :data:`DEADLINE_MIN_BATCH`), so that stopping between batches can keep close to the deadline.
 DEADLINE_SLICES = 4
@@ -47,8 +46,12 @@ class ModelReranker(Reranker):
         model: the model (put in eval mode).
         sidecar: an open :class:`~pyserini_mores.sidecar.SidecarReader` or ``None``.
         batch_size: candidates scored per batch.
-        precision: ``auto`` (bf16 where the CPU runs it natively — AMX or AVX512-BF16 — else fp32), ``fp32`` or
-            ``bf16`` (~10x faster than fp32 with native bf16, ~20x slower where it is emulated).
+        precision: ``auto`` (bf16 where the device runs it natively — a CPU with AMX or AVX512-BF16, a CUDA GPU with
+            bf16 — else fp32), ``fp32`` or ``bf16`` (~10x faster than fp32 with native bf16, ~20x slower where it is
+            emulated).
+        device: where the model computes: ``auto`` (CUDA when ``torch.cuda.is_available()``, else the CPU), ``cpu``,
+            ``cuda`` or ``cuda:N``; the model is moved there. Stored rows are read on the CPU and copied there batch
+            by batch; scores come back to the CPU.
         cast_weights: under ``bf16``, score with a copy of the model whose weights were cast to bf16 once
             (:func:`bf16_scoring_copy`) instead of autocast alone, which re-casts every fp32 weight on every call.
             ``None`` (default): the model's choice, :attr:`RankingModel.bf16_weight_copy` (the copy, except for
@@ -67,11 +70,13 @@ class ModelReranker(Reranker):
     """
 
     def __init__(self, model: RankingModel, sidecar=None, *, name: str | None = None, batch_size: int = 250,
-                 precision: str = "auto", cast_weights: bool | None = None, remap_by_docid: bool = False):
-        precision = resolve_precision(precision)
+                 precision: str = "auto", cast_weights: bool | None = None, remap_by_docid: bool = False,
+                 device: str | torch.device | None = "auto"):
+        self.device = resolve_device(device)
+        precision = resolve_precision(precision, self.device)
         if sidecar is not None and model.store_width is None:
             raise ValueError(f"model '{model.model_type}' scores text; it cannot read a sidecar")
-        self.model = model.eval()
+        self.model = model.to(self.device).eval()
         self.name = name or model.model_type
         self.batch_size = batch_size
         self.precision = precision  # resolved: fp32 or bf16
@@ -118,7 +123,27 @@ class ModelReranker(Reranker):
         # Kept on with bf16 weights too: the models' deliberate fp32 islands (e.g. PreTTR's CLS softmax) meet bf16
         # weights through it; with the weights already bf16 it casts only those activations.
         dtype = PRECISIONS[self.precision]
-        return torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+    def _on_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A tokenized batch (made on the CPU) on the reranker's device."""
+        return {key: value.to(self.device, non_blocking=True) for key, value in batch.items()}
+
+    def _padded(self, doc_reps: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Documents encoded from text (on the device) as a padded fp32 batch, their lengths on the device too."""
+        docs, lengths = pad_documents([rep.float() for rep in doc_reps])
+        return docs, lengths.to(self.device, non_blocking=True)
+
+    def _read_batch(self, rows: np.ndarray, dtype: torch.dtype, buffer: BatchBuffer | None = None,
+                    heads: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stored rows ``rows`` as ``(docs, lengths)`` in ``dtype`` on the reranker's device (see
+        :meth:`~pyserini_mores.sidecar.SidecarReader.get_batch`): gathered on the CPU from the memory map, into
+        ``buffer``, then copied. On the CPU the reader converts into its buffer; elsewhere the rows travel in the
+        stored precision (fp16: half the bytes of fp32) and are converted on the device. The buffer is pageable
+        memory, which the copy has read when ``to`` returns, so the next batch may overwrite it."""
+        on_cpu = self.device.type == "cpu"
+        docs, lengths = self.sidecar.get_batch(rows, dtype=dtype if on_cpu else None, buffer=buffer, heads=heads)
+        return docs.to(self.device, non_blocking=True).to(dtype), lengths.to(self.device, non_blocking=True)
 
     def rescore(self, query: Query, texts: list[Text]) -> list[Text]:
         if not texts:
@@ -165,14 +190,15 @@ class ModelReranker(Reranker):
         if model.explanation != "kernels" or model.store_width is None:  # the numbers of TK's ``explain``
             raise ValueError(f"reranker '{self.name}' cannot explain its scores")
         with torch.inference_mode():
-            query_state = model.encode_query(model.tokenize_queries([query.text]))
+            query_state = model.encode_query(self._on_device(model.tokenize_queries([query.text])))
             for start in range(0, len(texts), self.batch_size):
                 chunk = texts[start:start + self.batch_size]
                 if self.sidecar is not None:
-                    docs, lengths = self.sidecar.get_batch(self._sidecar_rows(chunk))
+                    docs, lengths = self._read_batch(self._sidecar_rows(chunk), torch.float32)
                 else:
-                    batch = model.tokenize_documents([_require_text(text, self.name) for text in chunk])
-                    docs, lengths = pad_documents([rep.float() for rep in model.encode_documents(batch)])
+                    batch = self._on_device(model.tokenize_documents([_require_text(text, self.name)
+                                                                      for text in chunk]))
+                    docs, lengths = self._padded(model.encode_documents(batch))
                 numbers = model.explain(query_state, docs, lengths)
                 for i, text in enumerate(chunk):
                     text.metadata["explanation"] = {
@@ -186,9 +212,9 @@ class ModelReranker(Reranker):
         model = self.scoring_model
         if model.store_width is None:
             documents = [_require_text(text, self.name) for text in texts]
-            return _concat([model.score_texts(query, documents[start:stop]).float()
+            return _concat([model.score_texts(query, documents[start:stop]).float().cpu()
                             for start, stop in self._batches(len(documents), deadline, per_candidate_ms)])
-        query_state = model.encode_query(model.tokenize_queries([query]))
+        query_state = model.encode_query(self._on_device(model.tokenize_queries([query])))
         if self.sidecar is None:
             return self._score_from_text(query_state, texts, deadline, per_candidate_ms)
         rows = self._sidecar_rows(texts)
@@ -206,9 +232,9 @@ class ModelReranker(Reranker):
         scored = 0
         for chunk in chunks:
             # Under bf16 the stored rows go straight to bf16: no fp32 copy of the candidates is ever made.
-            docs, lengths = self.sidecar.get_batch(rows[chunk], dtype=PRECISIONS[self.precision] or torch.float32,
-                                                   buffer=buffer, heads=model.stored_heads)
-            scores[torch.from_numpy(chunk)] = model.score(query_state, docs, lengths).float()
+            docs, lengths = self._read_batch(rows[chunk], PRECISIONS[self.precision] or torch.float32,
+                                             buffer=buffer, heads=model.stored_heads)
+            scores[torch.from_numpy(chunk)] = model.score(query_state, docs, lengths).float().cpu()
             scored += len(chunk)
         return scores if deadline is None else scores[:scored]
 
@@ -235,9 +261,9 @@ class ModelReranker(Reranker):
         documents = [_require_text(text, self.name) for text in texts]
         scores = []
         for start, stop in self._batches(len(documents), deadline, per_candidate_ms):
-            doc_reps = model.encode_documents(model.tokenize_documents(documents[start:stop]))
-            docs, lengths = pad_documents([rep.float() for rep in doc_reps])
-            scores.append(model.score(query_state, docs, lengths).float())
+            doc_reps = model.encode_documents(self._on_device(model.tokenize_documents(documents[start:stop])))
+            docs, lengths = self._padded(doc_reps)
+            scores.append(model.score(query_state, docs, lengths).float().cpu())
         return _concat(scores)
 
     def _sidecar_rows(self, texts: list[Text]) -> np.ndarray:
@@ -380,6 +406,14 @@ def paced_batches(count: int, batch_size: int, deadline: float, per_candidate_ms
         start += fitting
 
 
+def _default_model(model_type: str) -> str:
+    name = default_model(model_type)
+    if name not in shipped_models():
+        logger.warning("no trained %s ships with the package: loading the untrained backbone '%s', whose ranking "
+                       "is not meaningful; name a trained checkpoint (--model)", model_type, name)
+    return name
+
+
 def _concat(scores: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(scores) if scores else torch.empty(0)
 
@@ -394,21 +428,25 @@ def _require_text(text: Text, name: str) -> str:
     return text.text
 
 
-def learned_reranker_factory(model_type: str, default_model: str = DEFAULT_MODEL):
-    """A registry factory for ``model_type``: ``model`` (checkpoint dir, backbone name or instance), ``sidecar``
+def learned_reranker_factory(model_type: str):
+    """A registry factory for ``model_type``: ``model`` (checkpoint dir, shipped model name, backbone name or instance;
+    default: the type's shipped trained checkpoint, see :func:`~pyserini_mores.models.default_model`), ``sidecar``
     (path, open reader or None), ``expect_index`` (the identity the sidecar must match), ``batch_size``,
-    ``precision``, ``cast_weights``, ``remap_by_docid``; any other keyword overrides the model config (e.g.
-    ``reuse='s1'``). A sidecar is checked to be the model's whether given as a path or open."""
+    ``precision``, ``cast_weights``, ``remap_by_docid``, ``device`` (see :class:`ModelReranker`; checked before the
+    model loads); any other keyword overrides the model config (e.g. ``reuse='s1'``). A sidecar is checked to be the
+    model's whether given as a path or open."""
 
     def factory(model: str | os.PathLike | RankingModel | None = None, sidecar=None, *, expect_index: dict | None = None,
                 batch_size: int = 250, precision: str = "auto", cast_weights: bool | None = None,
-                remap_by_docid: bool = False, **model_overrides) -> ModelReranker:
+                remap_by_docid: bool = False, device: str | torch.device | None = "auto",
+                **model_overrides) -> ModelReranker:
+        device = resolve_device(device)  # a GPU that is not there fails now, not after the model has loaded
         if isinstance(model, RankingModel):
             if model_overrides:
                 raise TypeError("config overrides need a model name or path, not a model instance")
             instance = model
         else:
-            instance = load_model(model_type, model or default_model, **model_overrides)
+            instance = load_model(model_type, model or _default_model(model_type), **model_overrides)
         reader = sidecar
         if isinstance(sidecar, (str, Path)):
             reader = open_sidecar(sidecar, expect_model_fingerprint=instance.store_fingerprint(),
@@ -416,7 +454,7 @@ def learned_reranker_factory(model_type: str, default_model: str = DEFAULT_MODEL
         elif sidecar is not None:
             sidecar.check_built_for(model_fingerprint=instance.store_fingerprint(), index=expect_index)
         return ModelReranker(instance, reader, name=model_type, batch_size=batch_size, precision=precision,
-                             cast_weights=cast_weights, remap_by_docid=remap_by_docid)
+                             cast_weights=cast_weights, remap_by_docid=remap_by_docid, device=device)
 
     factory.model_type = model_type
     return factory

@@ -1,5 +1,5 @@
-"""Search: a first stage (BM25, BM25 + RM3, a dense index or a run), then a reranker (``RerankingSearcher``); the
-search CLI.
+"""Search: a first stage (BM25, BM25 + RM3, a dense index, their hybrid or a run), then a reranker
+(``RerankingSearcher``); the search CLI.
 
 Names are imported on first use, so that ``python -m pyserini_mores.search --help`` (which imports this package
 first) does not wait for torch.
@@ -13,6 +13,7 @@ _EXPORTS = {
     "SidecarMissingError": "pyserini_mores.search.searcher",
     "SEARCHER_BUDGET": "pyserini_mores.search.searcher",
     "Dense": "pyserini_mores.search.first_stage",
+    "Hybrid": "pyserini_mores.search.first_stage",
     "Rm3": "pyserini_mores.search.first_stage",
     "UnknownDocidsError": "pyserini_mores.search.first_stage",
     "RerankStats": "pyserini_mores.types",

@@ -1,7 +1,8 @@
 """python -m pyserini_mores.search — a first stage, then a learned reranker; writes a TREC/MS MARCO run.
 
 The first stage is BM25 with Pyserini (default), BM25 + RM3 (--first-stage bm25+rm3), a Pyserini dense index
-(--first-stage dense --dense-index DIR), or any other first stage's candidates from a run file (--run). With no
+(--first-stage dense --dense-index DIR), Pyserini's hybrid of that dense index and BM25 (--first-stage hybrid
+--dense-index DIR), or any other first stage's candidates from a run file (--run). With no
 arguments it runs the embedded default: an offline slice of debian-packages shipped with the package.
 """
 from __future__ import annotations
@@ -20,8 +21,9 @@ from .._jvm import import_pyserini
 from ..eval.metrics import evaluate, format_metrics_table
 from ..formats import RUN_FORMATS, read_qrels, read_topics, results_to_run, write_run
 from ..index import fetch_texts
+from ..precision import resolve_device
 from ..types import RerankedHit, RerankStats, hits_to_texts, texts_to_hits
-from .first_stage import FIRST_STAGES
+from .first_stage import DENSE_FIRST_STAGES, FIRST_STAGES
 
 logger = logging.getLogger(__name__)
 
@@ -38,21 +40,31 @@ def define_search_args(parser: argparse.ArgumentParser) -> None:
                              "search commands run unchanged")
     parser.add_argument("--first-stage", choices=list(FIRST_STAGES), default=None,
                         help="first stage run with Pyserini: bm25 (default), bm25+rm3 (the index must store "
-                             "document vectors), or dense (--dense-index, searched with Pyserini's FaissSearcher)")
+                             "document vectors), dense (--dense-index, searched with Pyserini's FaissSearcher), or "
+                             "hybrid (Pyserini's HybridSearcher fusing BM25 and --dense-index)")
     parser.add_argument("--rm3", action="store_true", help="Pyserini's flag for --first-stage bm25+rm3")
     parser.add_argument("--fb-terms", type=int, default=10, help="RM3 expansion terms (Pyserini's set_rm3)")
     parser.add_argument("--fb-docs", type=int, default=10, help="RM3 feedback documents (Pyserini's set_rm3)")
     parser.add_argument("--original-query-weight", type=float, default=0.5,
                         help="RM3 weight of the original query (Pyserini's set_rm3)")
     parser.add_argument("--dense-index", metavar="DIR",
-                        help="with --first-stage dense: a Pyserini faiss index directory (files index and docid) or "
-                             "prebuilt name, of the documents of --index")
+                        help="with --first-stage dense or hybrid: a Pyserini faiss index directory (files index and "
+                             "docid) or prebuilt name, of the documents of --index")
     parser.add_argument("--encoder", default="minilm",
-                        help="with --first-stage dense: the query encoder, a Hugging Face model name or directory "
-                             "(default: minilm, the offline MiniLM-L6); it must be the documents' encoder")
+                        help="with --first-stage dense or hybrid: the query encoder, a Hugging Face model name or "
+                             "directory (default: minilm, the offline MiniLM-L6); it must be the documents' encoder")
     parser.add_argument("--pooling", choices=["mean", "cls"], default="mean", help="query encoder pooling")
     parser.add_argument("--l2-norm", action=argparse.BooleanOptionalAction, default=True,
                         help="L2-normalise query vectors (default: yes)")
+    parser.add_argument("--hybrid-alpha", type=float, default=None, metavar="ALPHA",
+                        help="with --first-stage hybrid: fused score = ALPHA x BM25 + dense (Pyserini's alpha; "
+                             "default: its 0.1)")
+    parser.add_argument("--hybrid-normalization", action="store_true",
+                        help="with --first-stage hybrid: scale each searcher's scores by their range before fusing "
+                             "(Pyserini's normalization)")
+    parser.add_argument("--hybrid-weight-on-dense", action="store_true",
+                        help="with --first-stage hybrid: fused score = BM25 + ALPHA x dense (Pyserini's "
+                             "weight_on_dense)")
     parser.add_argument("--run", metavar="FILE",
                         help="rerank another first stage's candidates from this run file instead of running BM25; "
                              "they are joined to the index by docid")
@@ -64,7 +76,7 @@ def define_search_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--b", type=float, default=None, help="BM25 b (default: Pyserini's for the index)")
     parser.add_argument("--batch-size", type=int, default=16, help="queries per BM25 batch")
     parser.add_argument("--threads", type=int, default=1, help="BM25 threads")
-    define_model_args(parser, default_reranker=None)
+    define_model_args(parser, default_reranker=None, device=True)
     parser.add_argument("--sidecar", default=None, help="sidecar directory (default: beside the index)")
     parser.add_argument("--rerank-depth", type=int, default=1000, help="first-stage hits reranked per query")
     parser.add_argument("--rerank-batch-size", type=int, default=250, help="candidates scored per model batch")
@@ -72,6 +84,9 @@ def define_search_args(parser: argparse.ArgumentParser) -> None:
                         help="per-query rerank time budget in ms (BM25 excluded): rerank the deepest depth <= "
                              "--rerank-depth whose cost, measured once on this machine and cached, fits B; "
                              "0 = BM25 order")
+    parser.add_argument("--interpolate", type=float, default=None, metavar="ALPHA",
+                        help="fuse scores: ALPHA x the reranker's + (1 - ALPHA) x the first stage's, each min-max "
+                             "normalised per query (choose ALPHA on dev queries; default: the reranker's alone)")
     parser.add_argument("--recalibrate", action="store_true",
                         help="with --time-budget-ms: measure the reranker's cost again instead of using the cache")
     parser.add_argument("--qrels", help="qrels file or Pyserini qrels name: print BM25 and reranked metrics")
@@ -86,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_search(args: argparse.Namespace) -> int:
     # The searcher imports torch: only now, so that --help stays instant.
-    from .first_stage import Dense, Rm3
+    from .first_stage import Dense, Hybrid, Rm3
     from .sample import DEFAULT_MODEL, DEFAULT_MODEL_ARGS, DEFAULT_RERANKER, prepare_sample, sample_searcher
     from .searcher import RerankingSearcher
 
@@ -95,6 +110,8 @@ def run_search(args: argparse.Namespace) -> int:
         raise ValueError("--index and --topics go together (give neither to run the embedded sample)")
     overrides = parse_model_args(args.model_arg)
     reranker_name = args.reranker or (DEFAULT_RERANKER if embedded else "bm25")
+    if reranker_name != "bm25":
+        resolve_device(args.device)  # a GPU that is not there fails now, before the sample, index or model loads
     model = args.model
     if embedded:
         sample = prepare_sample()
@@ -115,25 +132,29 @@ def run_search(args: argparse.Namespace) -> int:
     reranker_kwargs = {}
     if reranker_name != "bm25":
         reranker_kwargs = {"model": model, "batch_size": args.rerank_batch_size, "precision": args.precision,
-                           **overrides}
+                           "device": args.device, **overrides}
     if args.time_budget_ms is not None and not args.time_budget_ms >= 0:
         raise ValueError("--time-budget-ms must be >= 0")
     first_stage = first_stage_of(args)
     searcher_kwargs = dict(k1=args.k1, b=args.b, rerank_depth=args.rerank_depth, time_budget_ms=args.time_budget_ms,
+                           interpolate=args.interpolate,
                            **reranker_kwargs)
     if first_stage == "bm25+rm3":
         searcher_kwargs.update(first_stage=first_stage, rm3=Rm3(args.fb_terms, args.fb_docs,
                                                                args.original_query_weight))
-    if first_stage == "dense":
+    if first_stage in DENSE_FIRST_STAGES:
         searcher_kwargs.update(first_stage=first_stage, dense=Dense(args.dense_index, args.encoder, args.pooling,
                                                                     args.l2_norm))
+    if first_stage == "hybrid":
+        searcher_kwargs.update(hybrid=Hybrid(Hybrid.alpha if args.hybrid_alpha is None else args.hybrid_alpha,
+                                             args.hybrid_normalization, args.hybrid_weight_on_dense))
     if embedded and not args.sidecar:
         searcher = sample_searcher(sample, reranker_name, **searcher_kwargs)
     else:
         searcher = RerankingSearcher(index, reranker_name, sidecar=args.sidecar or "auto", require_sidecar=True,
                                      **searcher_kwargs)
     print(f"Index: {searcher.index.path} ({searcher.num_docs} documents), first stage: "
-          f"{describe_first_stage(searcher, args.run)}; reranker: {searcher.reranker.name}"
+          f"{describe_first_stage(searcher, args.run)}; reranker: {describe_reranker(searcher.reranker)}"
           + (f", sidecar {searcher.sidecar_path}" if searcher.sidecar_path else ""))
     budgeted = args.time_budget_ms is not None and 0 < args.time_budget_ms < float("inf") and args.rerank_depth
     if budgeted:  # calibrated now, after the sidecar is attached, so that no query's time includes it
@@ -147,6 +168,11 @@ def run_search(args: argparse.Namespace) -> int:
     searched = search_topics(searcher, topics, hits=args.hits, batch_size=args.batch_size, threads=args.threads,
                              keep_bm25=qrels is not None, candidates=candidates)
     results = searched.results
+    first_stage_label = "run" if args.run else {"bm25": "BM25", "bm25+rm3": "BM25+RM3", "dense": "dense",
+                                                  "hybrid": "hybrid"}[first_stage]
+    label = searcher.reranker.name
+    if args.interpolate is not None:
+        label += f" + {first_stage_label} (alpha {args.interpolate:g})"
     if args.output:
         write_run(args.output, ((qid, results[qid]) for qid in topics), output_format=args.output_format,
                   tag=f"pyserini_mores-{searcher.reranker.name}")
@@ -159,10 +185,13 @@ def run_search(args: argparse.Namespace) -> int:
         depths = [stats.depth for stats in searched.stats.values()]
         print(f"Rerank depth under the {args.time_budget_ms:g} ms budget: median {statistics.median(depths):g}, "
               f"mean {statistics.fmean(depths):.1f}, range {min(depths)}-{max(depths)}")
+        cut = [stats for stats in searched.stats.values() if stats.deadline_cut]
+        if cut:
+            print(f"Stopped at the deadline: {len(cut)} of {len(depths)} queries, which scored "
+                  f"{sum(stats.scored for stats in cut)} of the {sum(stats.depth for stats in cut)} candidates "
+                  "their depth allowed")
     if qrels is not None:
-        first_stage_label = "run" if args.run else {"bm25": "BM25", "bm25+rm3": "BM25+RM3", "dense": "dense"}[
-            first_stage]
-        print_metrics(qrels, {first_stage_label: searched.bm25, searcher.reranker.name: results})
+        print_metrics(qrels, {first_stage_label: searched.bm25, label: results})
     examples = args.examples if args.examples is not None else (3 if embedded else 0)
     if examples:
         print_examples(searcher, topics, results, examples)
@@ -179,14 +208,33 @@ def first_stage_of(args: argparse.Namespace) -> str:
         raise ValueError("--run replaces the first stage: give either --run or --first-stage/--rm3")
     if (args.run_format or args.skip_unknown_docids) and not args.run:
         raise ValueError("--run-format and --skip-unknown-docids apply to --run, which is not given")
-    if (first_stage == "dense") != bool(args.dense_index):
-        raise ValueError("--first-stage dense and --dense-index go together")
+    needs_dense = first_stage in DENSE_FIRST_STAGES
+    if needs_dense and not args.dense_index:
+        raise ValueError(f"--first-stage {first_stage} and --dense-index go together: give the Pyserini dense index")
+    if args.dense_index and not needs_dense:
+        raise ValueError("--dense-index is for --first-stage dense or hybrid")
+    hybrid_flags = args.hybrid_alpha is not None or args.hybrid_normalization or args.hybrid_weight_on_dense
+    if hybrid_flags and first_stage != "hybrid":
+        raise ValueError("--hybrid-alpha, --hybrid-normalization and --hybrid-weight-on-dense are for "
+                         "--first-stage hybrid")
     return first_stage
+
+
+def describe_reranker(reranker) -> str:
+    """The reranker's name, with the precision and device its model computes in (a model-free one has neither)."""
+    computes = [f"{what} {getattr(reranker, what)}" for what in ("precision", "device")
+                if getattr(reranker, what, None) is not None]
+    return reranker.name + (f" ({', '.join(computes)})" if computes else "")
 
 
 def describe_first_stage(searcher, run: str | None) -> str:
     if run:
         return f"run {run}"
+    if searcher.hybrid is not None:
+        hybrid = searcher.hybrid
+        return (f"hybrid of BM25 k1={searcher.k1} b={searcher.b} and dense index {searcher.dense.index} "
+                f"(alpha={hybrid.alpha} normalization={hybrid.normalization} "
+                f"weight_on_dense={hybrid.weight_on_dense})")
     if searcher.dense is not None:
         return f"dense index {searcher.dense.index}"
     described = f"BM25 k1={searcher.k1} b={searcher.b}"

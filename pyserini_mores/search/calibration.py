@@ -64,7 +64,7 @@ class Calibration:
         per_candidate_ms: cost of each candidate (text fetch or sidecar read, scoring), ms.
         points: the measurements the model was fitted to: ``(candidates, median ms)``.
         max_candidates: the largest size the measurement planned for (a cache entry serves rerank depths up to it).
-        key: what the measurement depends on (reranker, model, precision, batch size, threads, machine, index).
+        key: what the measurement depends on (reranker, model, precision, device, batch size, threads, machine, index).
         measured_at: ISO timestamp of the measurement.
     """
 
@@ -209,8 +209,8 @@ def machine_identity() -> dict[str, Any]:
 
 def calibration_key(searcher) -> dict[str, Any]:
     """Everything a searcher's rerank cost depends on: the reranker and its model (whole-model fingerprint),
-    where documents come from (sidecar dtype and width, or text), precision, batch size, torch threads and version,
-    the machine, and the index (its documents' lengths)."""
+    where documents come from (sidecar dtype and width, or text), precision, device, batch size, torch threads and
+    version, the machine, and the index (its documents' lengths)."""
     reranker = searcher.reranker
     model = getattr(reranker, "model", None)
     sidecar = getattr(reranker, "sidecar", None)
@@ -224,6 +224,7 @@ def calibration_key(searcher) -> dict[str, Any]:
         "model_fingerprint": model.fingerprint() if model is not None else None,
         "inputs": inputs,
         "precision": getattr(reranker, "precision", None),
+        "device": str(getattr(reranker, "device", None)),  # a GPU's cost model is no guide to the CPU's
         "batch_size": getattr(reranker, "batch_size", None),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,

@@ -1,6 +1,6 @@
 """First stages for :class:`~pyserini_mores.search.RerankingSearcher` besides BM25: BM25 with RM3 feedback through
-Pyserini, a dense index searched with Pyserini's ``FaissSearcher``, and any other first stage's candidates read from
-a run.
+Pyserini, a dense index searched with Pyserini's ``FaissSearcher``, Pyserini's ``HybridSearcher`` fusing that dense
+index with BM25, and any other first stage's candidates read from a run.
 
 A run's candidates are joined to the index by docid, never by position: each docid is looked up in the reranker's
 sidecar (a binary search of its sorted docids) or, without a sidecar, in the Lucene index, and the row found becomes
@@ -10,6 +10,7 @@ it): they are an error naming a few, unless the caller asks to skip them.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,7 +22,8 @@ from ..types import RerankedHit
 
 logger = logging.getLogger(__name__)
 
-FIRST_STAGES: tuple[str, ...] = ("bm25", "bm25+rm3", "dense")
+FIRST_STAGES: tuple[str, ...] = ("bm25", "bm25+rm3", "dense", "hybrid")
+DENSE_FIRST_STAGES: tuple[str, ...] = ("dense", "hybrid")  # those that search a Pyserini dense index
 SHOWN_IDS = 5  # ids named in an error or warning; the rest are counted
 DOCID_CHECK_SAMPLES = 1000  # docids of a dense index looked up in the Lucene index when it is opened
 
@@ -62,6 +64,24 @@ class Dense:
     l2_norm: bool = True
 
 
+@dataclass(frozen=True)
+class Hybrid:
+    """How Pyserini's ``HybridSearcher`` fuses BM25 and dense scores, with the defaults of its ``search``.
+
+    Every document in either searcher's top list gets ``alpha`` × its BM25 score + its dense score
+    (``weight_on_dense``: BM25 + ``alpha`` × dense); a document missing from one list gets that list's lowest score.
+    With ``normalization``, each list's scores are first centred on the middle of their range and divided by it.
+    """
+
+    alpha: float = 0.1
+    normalization: bool = False
+    weight_on_dense: bool = False
+
+    def __post_init__(self):
+        if not math.isfinite(self.alpha):
+            raise ValueError(f"the hybrid first stage's alpha must be a finite number, not {self.alpha}")
+
+
 def open_dense_searcher(dense: Dense):
     """Pyserini's ``FaissSearcher`` over ``dense.index`` with its query encoder."""
     faiss = import_pyserini("pyserini.search.faiss")
@@ -95,6 +115,50 @@ def dense_candidates(dense_searcher, queries: Sequence[str], qids: Sequence[str]
                      rows_for_docids: Callable[[Sequence[str]], Sequence[int]]) -> dict[str, list[RerankedHit]]:
     """The dense index's top ``depth`` for each query, joined to the Lucene index by docid (as a run's)."""
     found = dense_searcher.batch_search(list(queries), list(qids), k=depth, threads=threads)
+    return _joined_by_docid(found, qids, depth, rows_for_docids)
+
+
+def open_hybrid_searcher(dense_searcher, lucene_searcher):
+    """Pyserini's ``HybridSearcher`` over a ``FaissSearcher`` and a ``LuceneSearcher`` (with the BM25 parameters set
+    on it)."""
+    return import_pyserini("pyserini.search.hybrid").HybridSearcher(dense_searcher, lucene_searcher)
+
+
+def hybrid_candidates(hybrid_searcher, hybrid: Hybrid, queries: Sequence[str], qids: Sequence[str], depth: int,
+                      threads: int,
+                      rows_for_docids: Callable[[Sequence[str]], Sequence[int]]) -> dict[str, list[RerankedHit]]:
+    """The top ``depth`` of Pyserini's fusion of each query's top ``depth`` BM25 hits and top ``depth`` dense hits
+    (``HybridSearcher``'s ``k0`` and ``k`` both ``depth``, as Pyserini's hybrid command fuses ``--hits`` of each into
+    ``--hits``), joined to the Lucene index by docid (as a run's). The union of the two lists holds at least
+    ``depth`` documents whenever either searcher finds that many.
+
+    Raises:
+        ValueError: with ``hybrid.normalization``, a query whose BM25 or dense hits all have the same score (a
+            single BM25 hit, say): Pyserini divides by the range of each list's scores.
+    """
+    fusion = dict(alpha=hybrid.alpha, normalization=hybrid.normalization, weight_on_dense=hybrid.weight_on_dense)
+    try:
+        found = hybrid_searcher.batch_search(list(queries), list(qids), k0=depth, k=depth, threads=threads, **fusion)
+    except ZeroDivisionError as error:
+        unnormalisable = [qid for query, qid in zip(queries, qids)
+                          if _fails_to_normalise(hybrid_searcher, query, depth, fusion)]
+        raise ValueError("Pyserini's hybrid normalization divides by the range of each searcher's scores, and the "
+                         f"BM25 or dense hits of {len(unnormalisable)} queries all score the same "
+                         f"({_some(unnormalisable)}): fuse these queries without normalization") from error
+    return _joined_by_docid(found, qids, depth, rows_for_docids)
+
+
+def _fails_to_normalise(hybrid_searcher, query: str, depth: int, fusion: dict) -> bool:
+    try:
+        hybrid_searcher.search(query, k0=depth, k=depth, **fusion)
+    except ZeroDivisionError:
+        return True
+    return False
+
+
+def _joined_by_docid(found: Mapping[str, Sequence], qids: Sequence[str], depth: int,
+                     rows_for_docids: Callable[[Sequence[str]], Sequence[int]]) -> dict[str, list[RerankedHit]]:
+    """Pyserini's hits by qid (best first) as candidates joined to the Lucene index by docid, as a run's."""
     run = {qid: [(hit.docid, float(hit.score)) for hit in found.get(qid, [])] for qid in qids}
     return candidates_from_run(run, qids, rows_for_docids, depth, warn=False)
 

@@ -20,7 +20,9 @@ from ..sidecar import default_sidecar_path, open_sidecar
 from ..types import Query, RerankedHit, RerankStats, hits_to_texts, texts_to_hits
 from .calibration import Calibration, calibrate
 from .first_stage import (
+    DENSE_FIRST_STAGES,
     Dense,
+    Hybrid,
     Rm3,
     Run,
     candidates_from_run,
@@ -28,10 +30,13 @@ from .first_stage import (
     check_first_stage,
     dense_candidates,
     enable_rm3,
+    hybrid_candidates,
     lucene_rows_for_docids,
     open_dense_searcher,
+    open_hybrid_searcher,
     read_candidates,
 )
+from .fusion import check_alpha, interpolate
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +56,8 @@ SEARCHER_BUDGET = _SearcherBudget()
 
 
 class RerankingSearcher:
-    """A first stage (BM25 with Pyserini, BM25 + RM3, or a run: :meth:`rerank_run`), then a learned reranker over
-    the top ``rerank_depth`` hits.
+    """A first stage (BM25 with Pyserini, BM25 + RM3, a Pyserini dense index, its hybrid with BM25, or a run:
+    :meth:`rerank_run`), then a learned reranker over the top ``rerank_depth`` hits.
 
     ``search`` and ``batch_search`` have ``LuceneSearcher``'s signatures and return hits (``.docid``, ``.score``,
     ``.lucene_docid``) that Pyserini's run writers accept. Hits below ``rerank_depth`` keep their BM25 order,
@@ -63,17 +68,23 @@ class RerankingSearcher:
     Args:
         index: a Lucene index directory or a Pyserini prebuilt index name.
         reranker: a :class:`Reranker`, or a registered name (``bm25``, ``maxsim``, ``mores``, ...); with a name,
-            ``reranker_kwargs`` go to its factory (e.g. ``model=``, ``remap_by_docid=``). A reranker whose sidecar
-            is already open is refused when that sidecar was built for another index or model.
+            ``reranker_kwargs`` go to its factory (e.g. ``model=``, ``precision=``, ``device="cuda"``,
+            ``remap_by_docid=``). A reranker whose sidecar is already open is refused when that sidecar was built for
+            another index or model.
         k1, b: BM25 parameters (default: Pyserini's for the index).
         first_stage: ``"bm25"``; ``"bm25+rm3"``: BM25 with RM3 feedback through Pyserini's ``set_rm3`` (the
             index must store document vectors, as the package's indexer does), with ``rm3``'s parameters;
             ``"dense"``: the candidates of ``dense``, a Pyserini dense index searched with Pyserini's
             ``FaissSearcher``, joined to this Lucene index by docid (it must hold the dense index's documents:
-            checked on a sample when opened). To rerank any other first stage's candidates, pass its run to
-            :meth:`rerank_run`.
+            checked on a sample when opened); ``"hybrid"``: Pyserini's ``HybridSearcher`` over this index's BM25
+            (``k1``, ``b``) and ``dense``, its fused candidates joined by docid in the same way. Each query's top
+            :meth:`candidate_depth` of the fusion come from the top :meth:`candidate_depth` of each searcher. To
+            rerank any other first stage's candidates, pass its run to :meth:`rerank_run`.
         rm3: RM3's ``fb_terms``, ``fb_docs`` and ``original_query_weight`` (default: Pyserini's).
-        dense: with ``first_stage="dense"``, the dense index and its query encoder (:class:`~.first_stage.Dense`).
+        dense: with ``first_stage="dense"`` or ``"hybrid"``, the dense index and its query encoder
+            (:class:`~.first_stage.Dense`).
+        hybrid: with ``first_stage="hybrid"``, the fusion's ``alpha``, ``normalization`` and ``weight_on_dense``
+            (:class:`~.first_stage.Hybrid`; default: Pyserini's).
         rerank_depth: how many BM25 hits are reranked.
         sidecar: for rerankers that read stored document representations: a path, ``"auto"`` (the default
             location beside the index, if built; else documents are encoded from their text, slowly) or ``None``.
@@ -88,6 +99,9 @@ class RerankingSearcher:
             :meth:`rerank_hits`), so that queries slower than predicted (a cold page cache, a busy machine) keep
             within it. ``False``: the depth from the cost model only, so runs do not depend on timing (the same on
             any number of threads, run after run).
+        interpolate: ``alpha`` in [0, 1] — the reranked hits' scores become ``alpha`` × the reranker's plus
+            ``1 − alpha`` × the first stage's, each min–max normalised per query (:mod:`.fusion`); ``None`` (the
+            default): the reranker's scores alone.
 
     Example:
         >>> searcher = RerankingSearcher("indexes/debian", "maxsim", rerank_depth=100)  # doctest: +SKIP
@@ -96,10 +110,11 @@ class RerankingSearcher:
 
     def __init__(self, index: str | os.PathLike | ResolvedIndex, reranker: Reranker | str = "bm25", *,
                  k1: float | None = None, b: float | None = None, first_stage: str = "bm25",
-                 rm3: Rm3 | None = None, dense: Dense | None = None, rerank_depth: int = 1000,
+                 rm3: Rm3 | None = None, dense: Dense | None = None, hybrid: Hybrid | None = None,
+                 rerank_depth: int = 1000,
                  sidecar: str | os.PathLike | None = "auto", require_sidecar: bool = False,
                  time_budget_ms: float | None = None, calibration=None, enforce_deadline: bool = True,
-                 **reranker_kwargs):
+                 interpolate: float | None = None, **reranker_kwargs):
         if rerank_depth < 0:
             raise ValueError("rerank_depth must be >= 0")
         if time_budget_ms is not None and not time_budget_ms >= 0:
@@ -114,13 +129,20 @@ class RerankingSearcher:
         self.rm3 = (rm3 or Rm3()) if first_stage == "bm25+rm3" else None
         if self.rm3 is not None:
             enable_rm3(self.searcher, self.rm3)
-        if (first_stage == "dense") != (dense is not None):
-            raise ValueError("first_stage='dense' needs dense=Dense(index, encoder), and dense= needs that first stage")
+        if first_stage in DENSE_FIRST_STAGES and dense is None:
+            raise ValueError(f"first_stage={first_stage!r} needs dense=Dense(index, encoder)")
+        if dense is not None and first_stage not in DENSE_FIRST_STAGES:
+            raise ValueError(f"dense= is for the dense and hybrid first stages, not {first_stage!r}")
+        if hybrid is not None and first_stage != "hybrid":
+            raise ValueError(f"hybrid= is for the hybrid first stage, not {first_stage!r}")
         self.dense = dense
         self.dense_searcher = open_dense_searcher(dense) if dense is not None else None
+        self.hybrid = (hybrid or Hybrid()) if first_stage == "hybrid" else None
+        self.hybrid_searcher = open_hybrid_searcher(self.dense_searcher, self.searcher) if self.hybrid else None
         self.rerank_depth = rerank_depth
         self.time_budget_ms = time_budget_ms
         self.enforce_deadline = enforce_deadline
+        self.interpolate = None if interpolate is None else check_alpha(interpolate)
         self.calibration: Calibration | None = calibration
         self._calibrating = threading.Lock()  # one measurement when several threads meet an uncalibrated budget
         self.reranker = get_reranker(reranker, **reranker_kwargs) if isinstance(reranker, str) else reranker
@@ -203,9 +225,12 @@ class RerankingSearcher:
 
     def first_stage(self, queries: Sequence[str], qids: Sequence[str], k: int = 10,
                     threads: int = 1) -> dict[str, list]:
-        """The first stage's (BM25's, or BM25 + RM3's) candidates for each query: the top ``max(k, rerank_depth)``
-        (:meth:`candidate_depth`) Pyserini hits, by qid; a query without hits may be absent. For callers that rerank
-        them with :meth:`rerank_hits`."""
+        """The first stage's (BM25's, BM25 + RM3's, the dense index's or the hybrid's) candidates for each query: the
+        top ``max(k, rerank_depth)`` (:meth:`candidate_depth`) Pyserini hits, by qid; a query without hits may be
+        absent. For callers that rerank them with :meth:`rerank_hits`."""
+        if self.hybrid_searcher is not None:
+            return hybrid_candidates(self.hybrid_searcher, self.hybrid, queries, qids, self.candidate_depth(k),
+                                     threads, self.rows_for_docids)
         if self.dense_searcher is not None:
             return dense_candidates(self.dense_searcher, queries, qids, self.candidate_depth(k), threads,
                                     self.rows_for_docids)
@@ -303,9 +328,13 @@ class RerankingSearcher:
         candidates = hits_to_texts(hits, texts)
         rerank_until = getattr(self.reranker, "rerank_until", None)
         if deadline is None or rerank_until is None:
-            return texts_to_hits(self.reranker.rerank(Query(query), candidates))
-        per_candidate_ms = self.calibration.per_candidate_ms if self.calibration is not None else None
-        return texts_to_hits(rerank_until(Query(query), candidates, deadline, per_candidate_ms=per_candidate_ms))
+            ranked = self.reranker.rerank(Query(query), candidates)
+        else:
+            per_candidate_ms = self.calibration.per_candidate_ms if self.calibration is not None else None
+            ranked = rerank_until(Query(query), candidates, deadline, per_candidate_ms=per_candidate_ms)
+        if self.interpolate is not None:
+            ranked = interpolate(ranked, self.interpolate)
+        return texts_to_hits(ranked)
 
     def calibrate(self, recalibrate: bool = False, **options) -> Calibration:
         """The reranker's cost model on this machine (from the cache, else measured); ``options`` go to

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .._cli import define_model_args, parse_model_args, run_parsed
+from ..precision import resolve_device
 from .assemble import assemble_shards
 from .codecs import CODECS
 from .format import (
@@ -74,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def define_build_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--index", required=True, help="Lucene index directory or Pyserini prebuilt index name")
-    define_model_args(parser)
+    define_model_args(parser, device=True)
     parser.add_argument("--output", default=None,
                         help="sidecar directory (default: beside the index); with --shard, the shard's directory")
     parser.add_argument("--collection", default=None,
@@ -138,11 +139,12 @@ def _build(args: argparse.Namespace) -> int:
         options = BuildOptions(
             index=args.index, reranker=args.reranker or "", output=args.output, collection=args.collection,
             batch_size=args.batch_size, dtype=args.dtype, codec=args.codec, pq_subquantizers=args.pq_subquantizers,
-            precision=args.precision, overwrite=args.overwrite, restart=args.restart,
+            precision=args.precision, device=args.device, overwrite=args.overwrite, restart=args.restart,
             shards=args.shards, shard=args.shard, engine=args.engine, address=args.address,
             max_retries=args.max_retries, cpus_per_task=args.cpus_per_task)
         if options.engine == "ray":
             import_ray()  # before loading any model: say at once what to install
+        resolve_device(options.device)  # likewise: a GPU that is not there fails before the model loads
     except (ValueError, ImportError) as error:
         raise SystemExit(f"error: {error}") from None
     name, model = _stored_model(args)
@@ -161,7 +163,10 @@ def _stored_model(args: argparse.Namespace):
     if args.max_length:
         overrides["doc_max_length"] = args.max_length
     learned = args.reranker in LEARNED_RERANKERS or args.model or overrides
-    reranker = get_reranker(args.reranker, model=args.model, **overrides) if learned else get_reranker(args.reranker)
+    # The built-in learned rerankers place their model on the device; run_build moves a plugin's there.
+    placed = {"device": args.device} if args.reranker in LEARNED_RERANKERS else {}
+    reranker = (get_reranker(args.reranker, model=args.model, **placed, **overrides) if learned
+                else get_reranker(args.reranker))
     model = getattr(reranker, "model", None)
     if model is None or model.store_width is None:
         raise SystemExit(f"error: reranker '{args.reranker}' stores no document representations; "

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from ..formats import read_collection
 from ..index import index_docids, index_identity, iter_index_documents, open_searcher, resolve_index
 from ..models import RankingModel, load_model
-from ..precision import resolve_precision
+from ..precision import resolve_device, resolve_precision
 from .assemble import assemble_shards
 from .format import MANIFEST, SidecarExistsError, SidecarMismatchError, default_sidecar_path
 from .ray_engine import build_shards_on_ray
@@ -77,7 +77,9 @@ class BuildOptions:
         dtype: storage dtype of the vectors under the ``fp16`` codec.
         codec: ``fp16``, or a compressed codec (``sq8``, ``sq6``, ``sq4``, ``pq``; see :mod:`.codecs`).
         pq_subquantizers: sub-quantisers per vector of the ``pq`` codec.
-        precision: ``fp32``, ``bf16`` autocast while encoding, or ``auto`` (bf16 where the CPU runs it natively).
+        precision: ``fp32``, ``bf16`` autocast while encoding, or ``auto`` (bf16 where the device runs it natively).
+        device: where documents are encoded: ``auto`` (CUDA when ``torch.cuda.is_available()``, else the CPU),
+            ``cpu``, ``cuda`` or ``cuda:N``. Resolved by each process that encodes (a Ray task on its own node).
         overwrite: replace an existing sidecar; restart: discard an interrupted build instead of resuming it.
         shards: split the sidecar into this many shards of contiguous rows; shard: build only this one.
         engine: ``local`` (shards one after the other here) or ``ray`` (one Ray task per shard).
@@ -98,6 +100,7 @@ class BuildOptions:
     codec: str = "fp16"
     pq_subquantizers: int | None = None
     precision: str = "fp32"
+    device: str = "auto"
     overwrite: bool = False
     restart: bool = False
     shards: int | None = None
@@ -126,10 +129,12 @@ class BuildOptions:
 def run_build(options: BuildOptions, model: RankingModel | None = None) -> Path:
     """Build what ``options`` describe with ``model`` (default: loaded from ``options.model``): a sidecar, one shard
     of a sharded one, or every shard (here or on Ray) and their assembly. Returns the path written."""
+    device = resolve_device(options.device)  # before the model loads: a GPU that is not there fails at once
     if model is None:
         model = _load(options)
+    model.to(device)
     # Resolved once, here: every shard (on any Ray node) encodes under, records and agrees on one precision.
-    options = dataclasses.replace(options, precision=resolve_precision(options.precision))
+    options = dataclasses.replace(options, precision=resolve_precision(options.precision, device))
     with _build_inputs(options, model) as inputs:
         if options.shards is None:
             return inputs.build(inputs.output)
@@ -143,7 +148,8 @@ def run_build(options: BuildOptions, model: RankingModel | None = None) -> Path:
 def build_shard(options: BuildOptions, shard: int, output: str, expect_build_id: str | None = None) -> str:
     """Build shard ``shard`` of ``options.shards`` at ``output`` in this process (loads the model, opens the index):
     what one Ray task runs. Returns ``output``."""
-    with _build_inputs(options, _load(options), progress=False) as inputs:
+    device = resolve_device(options.device)
+    with _build_inputs(options, _load(options).to(device), progress=False) as inputs:
         return str(inputs.build(Path(output), shard=(shard, options.shards), expect_build_id=expect_build_id))
 
 
@@ -248,10 +254,12 @@ def build_sidecar(searcher, model: RankingModel, output: str | os.PathLike, *, r
                   texts: list[str] | None = None, overwrite: bool = False, restart: bool = False,
                   source: str | None = None, progress: bool = True, shard: tuple[int, int] | None = None,
                   expect_build_id: str | None = None, codec: str | None = None,
-                  codec_options: dict | None = None) -> Path:
+                  codec_options: dict | None = None, device: str | torch.device | None = None) -> Path:
     """Encode every document of ``searcher``'s index with ``model`` into a sidecar at ``output``.
 
     Args:
+        device: where to encode (``auto``, ``cpu``, ``cuda``, ``cuda:N``; the model is moved there); ``None``: where
+            the model is. Each batch is encoded there and its vectors copied to the CPU to be written.
         shard: ``(i, n)`` encodes only the rows of shard ``i`` of ``n`` (see :func:`.shards.shard_rows`) into a
             shard directory at ``output``; :func:`.assemble.assemble_shards` joins the shards into one sidecar.
         expect_build_id: refuse to build a shard whose build id (:func:`shard_build_id`) differs, e.g. on a cluster
@@ -263,7 +271,9 @@ def build_sidecar(searcher, model: RankingModel, output: str | os.PathLike, *, r
     sidecar (or the same shard of the same build) is kept unless ``overwrite``.
     """
     output = Path(output)
-    precision = resolve_precision(precision)
+    if device is not None:
+        model.to(resolve_device(device))
+    precision = resolve_precision(precision, _model_device(model))
     if shard is not None and codec not in (None, "fp16"):
         # Each shard would train a codec of its own on its own first documents.
         raise ValueError(f"a sharded build cannot use the {codec} codec yet; build it unsharded")
@@ -286,8 +296,8 @@ def build_sidecar(searcher, model: RankingModel, output: str | os.PathLike, *, r
     # precision and device are part of what the sidecar promises: vectors encoded under bf16 match a from-text fp32
     # run only to bf16 accuracy (readers warn, see rerankers.learned).
     build_info = {"reranker": reranker_name, "backbone": model.config.backbone, "source": source,
-                  "max_length": model.config.doc_max_length, "precision": precision, "device": _device(model),
-                  "batch_size": batch_size}
+                  "max_length": model.config.doc_max_length, "precision": precision,
+                  "device": _model_device(model).type, "batch_size": batch_size}
     writer = SidecarWriter(
         output, dim=model.store_width, dtype=dtype, docids=docids,
         model={"model_type": model.model_type, "store_variant": model.store_variant,
@@ -337,7 +347,8 @@ def _encode_rows(searcher, model: RankingModel, writer: SidecarWriter, texts: li
                                      last_row - first_row)
     else:
         documents = ((row, texts[row]) for row in range(first_row, last_row))
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+    autocast = (torch.autocast(_model_device(model).type, dtype=torch.bfloat16) if precision == "bf16"
+                else contextlib.nullcontext())
     truncated = writer.build_info.get("truncated_documents", 0)  # counted before an interruption
     started = time.perf_counter()
     bar = tqdm(total=row_end - row_start, initial=writer.rows_done, unit="doc", desc=f"sidecar {writer.path.name}",
@@ -356,10 +367,10 @@ def _encode_rows(searcher, model: RankingModel, writer: SidecarWriter, texts: li
     writer.update_build({"encode_seconds": round(time.perf_counter() - started, 3)})
 
 
-def _device(model: RankingModel) -> str:
-    """Where ``model`` computes (the device type of its first parameter; ``cpu`` for a model without any)."""
+def _model_device(model: RankingModel) -> torch.device:
+    """Where ``model`` computes (the device of its first parameter; the CPU for a model without any)."""
     parameter = next(iter(model.parameters()), None)
-    return parameter.device.type if parameter is not None else "cpu"
+    return parameter.device if parameter is not None else torch.device("cpu")
 
 
 def _docids(searcher, row_start: int, row_end: int) -> list[str]:
@@ -368,7 +379,9 @@ def _docids(searcher, row_start: int, row_end: int) -> list[str]:
 
 
 def _encode_window(model, texts: list[str], batch_size: int):
-    """Encode ``texts`` sorted by length (less padding), returned in input order, plus whether each was truncated."""
+    """Encode ``texts`` sorted by length (less padding) on the model's device, returned in input order on the CPU,
+    plus whether each was truncated."""
+    device = _model_device(model)
     lengths = [len(text) for text in texts]
     order = np.argsort(lengths, kind="stable")
     reps: list = [None] * len(texts)
@@ -377,7 +390,10 @@ def _encode_window(model, texts: list[str], batch_size: int):
         chunk = order[start:start + batch_size]
         batch = model.tokenize_documents([texts[i] for i in chunk])
         truncated[chunk] = _truncated(model, [texts[i] for i in chunk], batch)
-        for i, rep in zip(chunk, model.encode_documents(batch)):
+        encoded = model.encode_documents({key: value.to(device, non_blocking=True) for key, value in batch.items()})
+        if device.type != "cpu":  # to the CPU for the writer, in one copy per batch rather than one per document
+            encoded = torch.cat(encoded).cpu().split([len(rep) for rep in encoded])
+        for i, rep in zip(chunk, encoded):
             reps[i] = rep
     return reps, truncated
 

@@ -192,7 +192,7 @@ def _given(args: argparse.Namespace, exclude: tuple[str, ...]) -> dict:
 
 
 def run_mine(args: argparse.Namespace) -> None:
-    from ..formats import read_qrels, read_run, read_topics
+    from ..formats import read_qrels, read_ranked_run, read_topics
     from .data import collection_texts, mine_negatives, write_triples
 
     if args.index is None and (args.run is None or args.collection is None):
@@ -202,8 +202,9 @@ def run_mine(args: argparse.Namespace) -> None:
     topics, qrels = read_topics(args.topics), read_qrels(args.qrels)
     searcher, scores = None, None
     if args.run is not None:
-        scores = read_run(args.run)
-        rankings = {qid: sorted(docs, key=lambda d, s=docs: (-s[d], d)) for qid, docs in scores.items()}
+        ranked = read_ranked_run(args.run)  # the run's own order (formats.read_ranked_run's rule)
+        scores = {qid: dict(hits) for qid, hits in ranked.items()}
+        rankings = {qid: [docid for docid, _ in hits] for qid, hits in ranked.items()}
     else:
         from .dev import bm25_rankings
 

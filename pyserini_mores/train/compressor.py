@@ -15,9 +15,11 @@ import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
+from tqdm.auto import tqdm
+from transformers import get_scheduler
 
 from .data import compressor_pairs
 from .trainer import progress_interval, seed_everything, training_precision
@@ -133,9 +135,6 @@ def pretrain_compressor(
     Steps cycle through the training pairs in a seeded order (``steps × batch_size`` pairs in all; the paper
     converged by 2M pairs).
     """
-    from tqdm.auto import tqdm
-    from transformers import get_scheduler
-
     started = time.perf_counter()
     if steps < 1 or batch_size < 1:
         raise ValueError("steps and batch_size must be at least 1")
@@ -144,41 +143,14 @@ def pretrain_compressor(
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model.to(device)
     bf16 = training_precision(bf16, precision, device) == "bf16"
-    pairs = compressor_pairs(texts, queries=queries, max_pairs=max_pairs, seed=seed)
-    heldout_pairs = min(heldout_pairs, len(pairs) // 2)
-    heldout, train_pairs = pairs[:heldout_pairs], pairs[heldout_pairs:]
-    if not train_pairs or not heldout:
-        raise ValueError(f"{texts} gives {len(pairs)} pairs: too few to hold some out and train on the rest")
+    heldout, train_pairs = _heldout_split(texts, queries, max_pairs, seed, heldout_pairs)
     trainable = model.freeze_all_but_compressor()
     optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=0.0)
     scheduler = get_scheduler("constant_with_warmup", optimizer, num_warmup_steps=warmup_steps)
     loss_before = heldout_attention_mse(model, heldout, batch_size)  # fp32: the reported number
     logger.info("held-out attention MSE before: %.6g (%d pairs)", loss_before, len(heldout))
-
-    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
-    generator = torch.Generator().manual_seed(seed)
-    order: list[int] = []
-    bar = tqdm(total=steps, desc="pretrain compressor", unit="step", disable=not progress, dynamic_ncols=True,
-               mininterval=progress_interval())
-    try:
-        for _ in range(steps):
-            indices = []
-            while len(indices) < min(batch_size, len(train_pairs)):
-                if not order:
-                    order = torch.randperm(len(train_pairs), generator=generator).tolist()
-                indices.append(order.pop())
-            chunk = [train_pairs[i] for i in indices]
-            with autocast():
-                loss = _pair_loss(model, chunk, device)
-            loss.backward()
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            bar.update(1)
-            bar.set_postfix(mse=f"{float(loss.detach()):.3g}", refresh=False)
-    finally:
-        bar.close()
-
+    _train_compressor(model, train_pairs, optimizer, scheduler, steps=steps, batch_size=batch_size, seed=seed,
+                      bf16=bf16, progress=progress)
     loss_after = heldout_attention_mse(model, heldout, batch_size)
     logger.info("held-out attention MSE after: %.6g", loss_after)
     for parameter in model.parameters():
@@ -192,6 +164,60 @@ def pretrain_compressor(
     )
     (output / SUMMARY_NAME).write_text(json.dumps(asdict(result), indent=2) + "\n")
     return result
+
+
+def _heldout_split(texts: str | os.PathLike, queries: Sequence[str] | None, max_pairs: int | None, seed: int,
+                   heldout_pairs: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """The held-out pairs (at most half of them) and the training pairs."""
+    pairs = compressor_pairs(texts, queries=queries, max_pairs=max_pairs, seed=seed)
+    heldout_pairs = min(heldout_pairs, len(pairs) // 2)
+    heldout, train_pairs = pairs[:heldout_pairs], pairs[heldout_pairs:]
+    if not train_pairs or not heldout:
+        raise ValueError(f"{texts} gives {len(pairs)} pairs: too few to hold some out and train on the rest")
+    return heldout, train_pairs
+
+
+def _cycling_batches(num_items: int, batch_size: int, seed: int) -> Iterator[list[int]]:
+    """Endless batches of ``min(batch_size, num_items)`` indices, drawn from seeded permutations of the items (a new
+    permutation when one runs out, so a batch may span two)."""
+    generator = torch.Generator().manual_seed(seed)
+    order: list[int] = []
+    while True:
+        indices = []
+        while len(indices) < min(batch_size, num_items):
+            if not order:
+                order = torch.randperm(num_items, generator=generator).tolist()
+            indices.append(order.pop())
+        yield indices
+
+
+def _train_compressor(model, train_pairs: Sequence[tuple[str, str]], optimizer, scheduler, *, steps: int,
+                      batch_size: int, seed: int, bf16: bool, progress: bool) -> None:
+    """``steps`` optimiser steps on batches of ``train_pairs`` in a seeded order."""
+    device = next(model.parameters()).device
+    batches = _cycling_batches(len(train_pairs), batch_size, seed)
+    bar = tqdm(total=steps, desc="pretrain compressor", unit="step", disable=not progress, dynamic_ncols=True,
+               mininterval=progress_interval())
+    try:
+        for _ in range(steps):
+            loss = _compressor_step(model, [train_pairs[i] for i in next(batches)], optimizer, scheduler, bf16, device)
+            bar.update(1)
+            bar.set_postfix(mse=f"{loss:.3g}", refresh=False)
+    finally:
+        bar.close()
+
+
+def _compressor_step(model, chunk: Sequence[tuple[str, str]], optimizer, scheduler, bf16: bool,
+                     device: torch.device) -> float:
+    """One optimiser step on the attention MSE of ``chunk``; returns that loss."""
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    with autocast:
+        loss = _pair_loss(model, chunk, device)
+    loss.backward()
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(loss.detach())
 
 
 __all__ = ["CompressorResult", "load_prettr_for_compressor", "heldout_attention_mse", "pretrain_compressor"]

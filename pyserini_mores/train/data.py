@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Sequence
 
-from ..formats import FormatError, _numbered_lines, atomic_writer, read_collection
+from ..formats import FormatError, atomic_writer, numbered_lines, read_collection
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def read_scored_triples(path: PathLike, max_triples: int | None = None
             file that mixes scored and unscored lines (with the line number).
     """
     count, scored = 0, None
-    for line_number, line in _numbered_lines(path):
+    for line_number, line in numbered_lines(path):
         if max_triples is not None and count >= max_triples:
             return
         fields = line.split("\t")
@@ -398,7 +398,7 @@ def _looks_like_triples(path: PathLike) -> bool:
     """A file whose first line has exactly three tab-separated fields (a collection TSV has two, JSONL none)."""
     if Path(path).is_dir():
         return False
-    for _, line in _numbered_lines(path):
+    for _, line in numbered_lines(path):
         return len(line.split("\t")) == 3
     return False
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..eval.metrics import evaluate
-from ..formats import read_qrels, read_run, read_topics
+from ..formats import read_qrels, read_ranked_run, read_topics
 
 logger = logging.getLogger(__name__)
 
@@ -62,8 +62,8 @@ def gather_dev_candidates(
         raise ValueError(f"no query of {topics} has a relevant judgment in {qrels}")
     searcher = None
     if run is not None:
-        scores = read_run(run)
-        rankings = {qid: sorted(scores.get(qid, {}), key=lambda d: (-scores[qid][d], d))[:depth] for qid in qids}
+        ranked = read_ranked_run(run)
+        rankings = {qid: [docid for docid, _ in ranked.get(qid, [])][:depth] for qid in qids}
     else:
         if index is None:
             raise ValueError("dev evaluation needs --dev-index (BM25 candidates) or --dev-run")

@@ -37,16 +37,20 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from tqdm.auto import tqdm
+from transformers import get_scheduler
 
 from .._io import copy_file_atomic
-from ..precision import resolve_precision
+from ..precision import resolve_device, resolve_precision
 from ..models import RankingModel, load_model, model_class
 from ..models.base import CONFIG_NAME, WEIGHTS_NAME
 from ..models.registry import ModelTable
 from ._choices import LOSSES, SCHEDULERS, TEACHER_LOSSES, TRAIN_MODULES
 from .data import GroupCollator, TrainingGroup, load_groups, with_batch_negatives
+from .dev import DevEvaluator, gather_dev_candidates
 from .objectives import (UNSCORED_TRIPLES, RankingObjective, batch_to_device, count_parameters, parameter_groups,
                          select_trainable, set_dropout)
+from .stored import StoredGroupCollator, StoredRankingObjective, freeze_store_parameters, open_stored_documents
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +60,8 @@ CHECKPOINT_PREFIX = "checkpoint-"
 STATE_NAME = "trainer_state.json"
 ARGS_NAME = "training_args.json"
 SUMMARY_NAME = "training_summary.json"
+#: ``--init`` files read as GloVe vectors by a model that starts from GloVe (its ``starts_from_glove``)
+GLOVE_SUFFIXES = (".txt", ".txt.gz")
 #: model type → the loss it trains with unless told otherwise (each model's own ``default_loss``)
 DEFAULT_LOSSES = ModelTable(lambda model: model.default_loss)
 #: settings that change the trajectory of a run; --resume refuses to continue with different values
@@ -272,14 +278,14 @@ def seed_everything(seed: int) -> None:
 
 
 def build_model(model_type: str, init: str, model_args: dict | None = None) -> RankingModel:
-    """The model to train: a checkpoint, a backbone with config overrides, or (TK) a GloVe text file."""
+    """The model to train: a checkpoint, a backbone with config overrides, or (models that start from GloVe, e.g. TK)
+    a GloVe text file."""
     model_args = dict(model_args or {})
     name = str(init)
-    if model_type == "tk" and Path(name).is_file() and name.endswith((".txt", ".txt.gz")):
-        from ..models.tk import TKModel
-
+    cls = model_class(model_type)
+    if cls.starts_from_glove and Path(name).is_file() and name.endswith(GLOVE_SUFFIXES):
         max_words = model_args.pop("max_words", None)
-        return TKModel.from_glove(name, max_words=max_words, **model_args)
+        return cls.from_glove(name, max_words=max_words, **model_args)
     return load_model(model_type, init, **model_args)
 
 
@@ -353,8 +359,6 @@ def progress_interval() -> float:
 
 
 def _make_scheduler(optimizer, name: str, warmup_steps: int, total_steps: int):
-    from transformers import get_scheduler
-
     hf_name = {"linear": "linear", "constant": "constant_with_warmup", "cosine": "cosine"}[name]
     return get_scheduler(hf_name, optimizer, num_warmup_steps=warmup_steps, num_training_steps=total_steps)
 
@@ -415,12 +419,41 @@ def train(
     Returns:
         A :class:`TrainingResult`; the model in it is the one saved in ``output`` (best or final).
     """
-    from tqdm.auto import tqdm
-
     started = time.perf_counter()
     if settings.eval_every is not None and evaluator is None:
         settings.check_dev_data()
     output = Path(settings.output)
+    checkpoint = _start_or_resume(output, settings, resume)
+    seed_everything(settings.seed)
+    groups = _training_groups(settings, groups)
+    steps_per_epoch = len(groups) // settings.groups_per_step
+    total_steps = settings.max_steps or max(1, math.ceil(settings.epochs * steps_per_epoch))
+    model, state = _model_and_state(settings, checkpoint, total_steps)
+    device = resolve_device(settings.device)
+    model.to(device)
+    bf16 = training_precision(settings.bf16, settings.precision, device) == "bf16"
+    trainable = _trainable_parameters(model, settings)
+    optimizer, scheduler = _optimizer_and_schedule(model, settings, total_steps, checkpoint)
+    logger.info("%s: %d trainable parameters in %d tensors (%s); %d groups, %d steps/epoch, %d steps",
+                settings.model_type, count_parameters(p for p in model.parameters() if p.requires_grad),
+                len(trainable), settings.train_modules, len(groups), steps_per_epoch, total_steps)
+    if evaluator is None and settings.eval_every is not None:
+        evaluator = _build_evaluator(settings, bf16)
+    collate, objective = _collator_and_objective(model, settings, groups)
+    run = _Run(settings=settings, output=output, model=model, state=state, optimizer=optimizer, scheduler=scheduler,
+               groups=groups, collate=collate, objective=objective, order=_EpochOrder(len(groups), settings.seed),
+               steps_per_epoch=steps_per_epoch, total_steps=total_steps, device=device, bf16=bf16)
+    resumed_from = state.global_step if checkpoint is not None else None
+    _run_steps(run, evaluator, on_step_end, progress)
+    return _save_result(run, resumed_from, started)
+
+
+# --------------------------------------------------------------------------------------------------- its steps
+
+
+def _start_or_resume(output: Path, settings: TrainingSettings, resume: bool) -> Path | None:
+    """Create ``output`` and return the checkpoint to resume from (``None``: a fresh start, whose settings are
+    written down); refuses to mix runs (an earlier run's checkpoints, or a resume with other settings)."""
     output.mkdir(parents=True, exist_ok=True)
     checkpoint = last_checkpoint(output) if resume else None
     if resume and checkpoint is None:
@@ -432,38 +465,48 @@ def train(
                          "another --output")
     else:
         (output / ARGS_NAME).write_text(json.dumps(settings.to_dict(), indent=2, sort_keys=True) + "\n")
+    return checkpoint
 
-    seed_everything(settings.seed)
+
+def _training_groups(settings: TrainingSettings, groups: list[TrainingGroup] | None) -> list[TrainingGroup]:
+    """The given groups or those of ``settings.triples``, checked to fill a step and to fit the loss."""
     if groups is None:
         groups = load_groups(settings.triples, settings.negatives_per_example, settings.max_triples)
     if settings.loss in TEACHER_LOSSES and groups[0].teacher_scores is None:
         raise ValueError(f"{UNSCORED_TRIPLES}; {settings.triples} has none")
-    steps_per_epoch = len(groups) // settings.groups_per_step
-    if steps_per_epoch == 0:
+    if len(groups) < settings.groups_per_step:
         raise ValueError(f"{len(groups)} training groups are fewer than one batch of {settings.groups_per_step}")
-    total_steps = settings.max_steps or max(1, math.ceil(settings.epochs * steps_per_epoch))
+    return groups
 
-    if checkpoint is not None:
-        model = model_class(settings.model_type).from_pretrained(checkpoint)
-        state = TrainerState.load(checkpoint / STATE_NAME)
-        logger.info("resuming from %s (step %d of %d)", checkpoint, state.global_step, total_steps)
-    else:
-        model = build_model(settings.model_type, settings.init, settings.model_args)
-        state = TrainerState()
-    device = torch.device(settings.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    model.to(device)
-    bf16 = training_precision(settings.bf16, settings.precision, device) == "bf16"
+
+def _model_and_state(settings: TrainingSettings, checkpoint: Path | None,
+                     total_steps: int) -> tuple[RankingModel, TrainerState]:
+    if checkpoint is None:
+        return build_model(settings.model_type, settings.init, settings.model_args), TrainerState()
+    model = model_class(settings.model_type).from_pretrained(checkpoint)
+    state = TrainerState.load(checkpoint / STATE_NAME)
+    logger.info("resuming from %s (step %d of %d)", checkpoint, state.global_step, total_steps)
+    return model, state
+
+
+def _trainable_parameters(model: RankingModel, settings: TrainingSettings) -> list[str]:
+    """Set the training dropout and freeze what does not train (``train_modules``, embeddings, what a sidecar
+    stores); returns the names of the parameters that train."""
     if settings.dropout is not None:  # also after a resume: a checkpoint's config keeps the model's own dropout
         logger.info("dropout %g while training (%d dropouts set)", settings.dropout,
                     set_dropout(model, settings.dropout))
     trainable = select_trainable(model, settings.train_modules, settings.freeze_embeddings)
     if settings.doc_sidecar is not None:
-        from .stored import freeze_store_parameters
-
         frozen = set(freeze_store_parameters(model))
         trainable = [name for name in trainable if name not in frozen]
         if not trainable:
             raise ValueError("no trainable parameters left: everything trainable is stored in the sidecar")
+    return trainable
+
+
+def _optimizer_and_schedule(model: RankingModel, settings: TrainingSettings, total_steps: int,
+                            checkpoint: Path | None):
+    """AdamW and the learning-rate schedule; from a checkpoint, their state and the random state it saved."""
     groups_for_optimizer = parameter_groups(model, settings.lr, settings.head_lr, settings.weight_decay)
     optimizer = torch.optim.AdamW(groups_for_optimizer, lr=settings.lr, weight_decay=settings.weight_decay)
     scheduler = _make_scheduler(optimizer, settings.scheduler, settings.warmup_steps, total_steps)
@@ -474,87 +517,132 @@ def train(
         torch.set_rng_state(rng["torch"])
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
-    logger.info("%s: %d trainable parameters in %d tensors (%s); %d groups, %d steps/epoch, %d steps",
-                settings.model_type, count_parameters(p for p in model.parameters() if p.requires_grad),
-                len(trainable), settings.train_modules, len(groups), steps_per_epoch, total_steps)
+    return optimizer, scheduler
 
-    if evaluator is None and settings.eval_every is not None:
-        evaluator = _build_evaluator(settings, bf16)
-    if settings.doc_sidecar is not None:
-        from .stored import StoredGroupCollator, StoredRankingObjective, open_stored_documents
 
-        documents = open_stored_documents(model, settings.doc_sidecar, settings.doc_index or settings.dev_index)
-        documents.check_groups(groups)
-        collate = StoredGroupCollator(model, documents)
-        objective = StoredRankingObjective(model, settings.loss, settings.margin, settings.distill_temperature)
-    else:
-        collate = GroupCollator(model)
+def _collator_and_objective(model: RankingModel, settings: TrainingSettings, groups: list[TrainingGroup]):
+    """How groups become batches and batches a loss: from the texts, or against a sidecar's stored documents."""
+    if settings.doc_sidecar is None:
         objective = RankingObjective(model, settings.loss, settings.margin, settings.distill_temperature)
-    order = _EpochOrder(len(groups), settings.seed)
-    micro_groups = settings.groups_per_step // settings.grad_accum
-    resumed_from = state.global_step if checkpoint is not None else None
-    pairs_done, step_seconds = 0, 0.0  # scored (query, passage) pairs and time in optimiser steps only
-    running_loss, running_count = 0.0, 0
+        return GroupCollator(model), objective
+    documents = open_stored_documents(model, settings.doc_sidecar, settings.doc_index or settings.dev_index)
+    documents.check_groups(groups)
+    objective = StoredRankingObjective(model, settings.loss, settings.margin, settings.distill_temperature)
+    return StoredGroupCollator(model, documents), objective
 
-    model.train()
-    bar = tqdm(total=total_steps, initial=state.global_step, desc=f"train {settings.model_type}", unit="step",
+
+@dataclass
+class _Run:
+    """What the optimiser steps of one run share, and what they count (pairs scored, seconds in steps)."""
+
+    settings: TrainingSettings
+    output: Path
+    model: RankingModel
+    state: TrainerState
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    groups: list[TrainingGroup]
+    collate: Callable[[list[TrainingGroup]], dict]
+    objective: RankingObjective
+    order: _EpochOrder
+    steps_per_epoch: int
+    total_steps: int
+    device: torch.device
+    bf16: bool
+    pairs_done: int = 0  # scored (query, passage) pairs and time in optimiser steps only
+    step_seconds: float = 0.0
+
+    @property
+    def last_lr(self) -> float:
+        return self.scheduler.get_last_lr()[0]
+
+
+def _run_steps(run: _Run, evaluator, on_step_end, progress: bool) -> None:
+    """The resumable loop: optimiser steps until ``total_steps`` or early stopping, each followed by its logging,
+    dev evaluation and checkpoint as due."""
+    settings, state = run.settings, run.state
+    running_loss, running_count = 0.0, 0
+    run.model.train()
+    bar = tqdm(total=run.total_steps, initial=state.global_step, desc=f"train {settings.model_type}", unit="step",
                disable=not progress, dynamic_ncols=True, mininterval=progress_interval())
     try:
-        while state.global_step < total_steps and not state.stopped_early:
-            step_started = time.perf_counter()
-            epoch, position = divmod(state.global_step, steps_per_epoch)
-            indices = order(epoch)[position * settings.groups_per_step:(position + 1) * settings.groups_per_step]
-            micro_batches = [collate(with_batch_negatives([groups[i] for i in indices[start:start + micro_groups]],
-                                                          settings.batch_negatives))
-                             for start in range(0, len(indices), micro_groups)]
-            step_loss = _forward_backward(objective, micro_batches, bf16, device)
-            if not math.isfinite(step_loss):
-                raise FloatingPointError(f"the loss became {step_loss} at step {state.global_step + 1}; "
-                                         "lower the learning rate")
-            if settings.max_grad_norm:
-                torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
-                                               settings.max_grad_norm)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            state.global_step += 1
-            pairs_done += sum(int(batch["labels"].numel()) for batch in micro_batches)
-            step_seconds += time.perf_counter() - step_started
+        while state.global_step < run.total_steps and not state.stopped_early:
+            step_loss = _optimizer_step(run)
             running_loss, running_count = running_loss + step_loss, running_count + 1
             bar.update(1)
-            bar.set_postfix(loss=f"{step_loss:.4f}", lr=f"{scheduler.get_last_lr()[0]:.2e}", refresh=False)
+            bar.set_postfix(loss=f"{step_loss:.4f}", lr=f"{run.last_lr:.2e}", refresh=False)
 
-            done = state.global_step >= total_steps
+            done = state.global_step >= run.total_steps
             if state.global_step % settings.logging_steps == 0 or done:
-                state.log_history.append({
-                    "step": state.global_step, "epoch": round(state.global_step / steps_per_epoch, 4),
-                    "loss": running_loss / running_count, "lr": scheduler.get_last_lr()[0],
-                    "pairs_per_second": round(pairs_done / step_seconds, 2) if step_seconds > 0 else None})
-                logger.info("step %d: loss %.4f, lr %.2e", state.global_step, running_loss / running_count,
-                            scheduler.get_last_lr()[0])
+                _log_loss(run, running_loss / running_count)
                 running_loss, running_count = 0.0, 0
             if evaluator is not None and settings.eval_every and (
                     state.global_step % settings.eval_every == 0 or done):
-                _evaluate(model, evaluator, state, settings, output)
+                _evaluate(run.model, evaluator, state, settings, run.output)
             if state.global_step % settings.save_steps == 0 or done or state.stopped_early:
-                save_checkpoint(output, model, optimizer, scheduler, state, settings.save_total_limit)
+                save_checkpoint(run.output, run.model, run.optimizer, run.scheduler, state, settings.save_total_limit)
             if on_step_end is not None:
-                on_step_end(state, model)
+                on_step_end(state, run.model)
     finally:
         bar.close()
 
+
+def _optimizer_step(run: _Run) -> float:
+    """One optimiser step on the next batch of the seeded order; returns its mean loss."""
+    started = time.perf_counter()
+    micro_batches = _micro_batches(run)
+    step_loss = _forward_backward(run.objective, micro_batches, run.bf16, run.device)
+    if not math.isfinite(step_loss):
+        raise FloatingPointError(f"the loss became {step_loss} at step {run.state.global_step + 1}; "
+                                 "lower the learning rate")
+    if run.settings.max_grad_norm:
+        torch.nn.utils.clip_grad_norm_([p for p in run.model.parameters() if p.requires_grad],
+                                       run.settings.max_grad_norm)
+    run.optimizer.step()
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    run.state.global_step += 1
+    run.pairs_done += sum(int(batch["labels"].numel()) for batch in micro_batches)
+    run.step_seconds += time.perf_counter() - started
+    return step_loss
+
+
+def _micro_batches(run: _Run) -> list[dict]:
+    """The batch of the next step, a pure function of ``(seed, step)``, split into ``grad_accum`` collated parts."""
+    per_step = run.settings.groups_per_step
+    per_micro_batch = per_step // run.settings.grad_accum
+    epoch, position = divmod(run.state.global_step, run.steps_per_epoch)
+    indices = run.order(epoch)[position * per_step:(position + 1) * per_step]
+    return [run.collate(with_batch_negatives([run.groups[i] for i in indices[start:start + per_micro_batch]],
+                                             run.settings.batch_negatives))
+            for start in range(0, len(indices), per_micro_batch)]
+
+
+def _log_loss(run: _Run, mean_loss: float) -> None:
+    state = run.state
+    state.log_history.append({
+        "step": state.global_step, "epoch": round(state.global_step / run.steps_per_epoch, 4),
+        "loss": mean_loss, "lr": run.last_lr,
+        "pairs_per_second": round(run.pairs_done / run.step_seconds, 2) if run.step_seconds > 0 else None})
+    logger.info("step %d: loss %.4f, lr %.2e", state.global_step, mean_loss, run.last_lr)
+
+
+def _save_result(run: _Run, resumed_from: int | None, started: float) -> TrainingResult:
+    """Put the best (dev) or final model in ``output``, write ``training_summary.json``, return the result."""
+    output, state = run.output, run.state
     best_dir = output / CHECKPOINTS_DIR / BEST_DIR
     if state.best_step is not None and best_dir.is_dir():
         _export_model(best_dir, output)
-        final_model = model_class(settings.model_type).from_pretrained(output)
+        final_model = model_class(run.settings.model_type).from_pretrained(output)
     else:
-        model.save_pretrained(output)
-        final_model = model.eval()
+        run.model.save_pretrained(output)
+        final_model = run.model.eval()
     result = TrainingResult(
-        output=str(output), model=final_model, global_step=state.global_step, total_steps=total_steps,
+        output=str(output), model=final_model, global_step=state.global_step, total_steps=run.total_steps,
         resumed_from=resumed_from, best_step=state.best_step, best_metric=state.best_metric,
         stopped_early=state.stopped_early, seconds=time.perf_counter() - started,
-        pairs_per_second=pairs_done / step_seconds if step_seconds > 0 else 0.0, log_history=state.log_history,
+        pairs_per_second=run.pairs_done / run.step_seconds if run.step_seconds > 0 else 0.0,
+        log_history=state.log_history,
     )
     summary = {f.name: getattr(result, f.name) for f in dataclasses.fields(result) if f.name != "model"}
     (output / SUMMARY_NAME).write_text(json.dumps(summary, indent=2) + "\n")
@@ -575,8 +663,6 @@ def _forward_backward(objective: RankingObjective, micro_batches: list[dict], bf
 
 
 def _build_evaluator(settings: TrainingSettings, bf16: bool):
-    from .dev import DevEvaluator, gather_dev_candidates
-
     candidates = gather_dev_candidates(
         settings.dev_topics, settings.dev_qrels, index=settings.dev_index, run=settings.dev_run,
         collection=settings.dev_collection, depth=settings.dev_depth, max_queries=settings.dev_max_queries,

@@ -18,7 +18,7 @@ from pyserini_mores.eval import (
     paired_t_test,
 )
 from pyserini_mores.eval.__main__ import main
-from pyserini_mores.formats import results_to_run, write_run
+from pyserini_mores.formats import FormatError, results_to_run, write_run
 from pyserini_mores.types import RerankedHit
 
 QRELS = {
@@ -134,6 +134,33 @@ def test_a_rank_column_that_contradicts_the_scores_is_reported(tmp_path, caplog)
     assert result.aggregate["MRR@10"] == 0.5  # by rank; nDCG by score puts d2 first
     assert result.aggregate["nDCG@10"] == 1.0
     assert "in 1 queries a document is ranked above one with a higher score" in caplog.text
+
+
+def test_mrr_of_a_run_file_breaks_equal_ranks_by_score_then_docid_not_by_line_order(tmp_path):
+    # Rank 1 twice: "b" scores higher, so it is first although "a" comes first in the file; rank 2 twice with equal
+    # scores: docids descending, "d" before "c". The relevant document's place: 1/1, 1/2, 1/3, 1/4 by hand.
+    lines = ["q1 Q0 a 1 1.000000 t", "q1 Q0 b 1 3.000000 t", "q1 Q0 c 2 0.500000 t", "q1 Q0 d 2 0.500000 t"]
+    path = _write(tmp_path / "run.trec", lines)
+    for relevant, expected in (("b", 1.0), ("a", 1 / 2), ("d", 1 / 3), ("c", 1 / 4)):
+        assert evaluate(path, {"q1": {relevant: 1}}, ["MRR@10"]).aggregate["MRR@10"] == pytest.approx(expected)
+
+
+def test_mrr_of_a_run_file_without_rank_information_is_trec_evals_recip_rank(tmp_path):
+    # The same rank on every line (as some tools write): ranked as trec_eval ranks it, so MRR = recip_rank.
+    lines = [f"q{q} Q0 d{d} 0 {score:.6f} t" for q in range(5) for d, score in enumerate([2.0, 1.0, 2.0, 1.0, 3.0])]
+    path = _write(tmp_path / "run.trec", lines)
+    qrels = {f"q{q}": {f"d{q}": 1} for q in range(5)}
+    result = evaluate(path, qrels, ["MRR", "recip_rank"])
+    # trec_eval's order: d4 (3.0), d2, d0 (2.0, docids descending), d3, d1 (1.0).
+    assert result.per_query["MRR"] == result.per_query["recip_rank"] == \
+        pytest.approx({"q0": 1 / 3, "q1": 1 / 5, "q2": 1 / 2, "q3": 1 / 4, "q4": 1.0})
+
+
+@pytest.mark.parametrize("metrics", [["MRR@10"], ["nDCG@10"]])  # read with its ranks, and without
+def test_evaluate_reports_a_malformed_rank_column(tmp_path, metrics):
+    path = _write(tmp_path / "run.trec", ["q1 Q0 d1 1 2.0 t", "q1 Q0 d2 2nd 1.0 t"])
+    with pytest.raises(FormatError, match=r"run\.trec, line 2: rank '2nd' is not an integer"):
+        evaluate(path, {"q1": {"d1": 1}}, metrics)
 
 
 def test_evaluate_reads_files(tmp_path):

@@ -124,3 +124,35 @@ def test_an_untied_mores_delta_refuses_to_be_tied(tmp_path, tiny_backbone):
     save_delta(model, tmp_path / "delta", dtype=torch.float32)
     with pytest.raises(ValueError, match="has its own layers; tying them"):
         load_model("mores", tmp_path / "delta", tied=True)
+
+
+def test_an_embedding_table_with_few_changed_rows_is_stored_row_sparse_and_loads_back(tmp_path, tiny_backbone):
+    model = _trained("cross-encoder", tiny_backbone)
+    table = model.state_dict()["encoder.embeddings.word_embeddings.weight"]
+    moved = torch.tensor([3, 17, 1000])
+    with torch.no_grad():
+        table[moved] += 0.25  # as training moves only the rows of the tokens it saw
+    save_delta(model, tmp_path / "delta", dtype=torch.float32)
+    from safetensors.torch import load_file
+
+    stored = load_file(str(tmp_path / "delta" / DELTA_WEIGHTS_NAME))
+    assert stored["encoder.embeddings.word_embeddings.weight"].shape == (3, table.shape[1])
+    assert stored["encoder.embeddings.word_embeddings.weight@rows"].tolist() == moved.tolist()
+    loaded = load_model("cross-encoder", tmp_path / "delta")
+    for name, expected in model.state_dict().items():
+        assert torch.equal(expected, loaded.state_dict()[name]), name
+
+
+def test_a_row_sparse_table_whose_rows_do_not_fit_is_refused(tmp_path, tiny_backbone):
+    model = _trained("cross-encoder", tiny_backbone)
+    with torch.no_grad():
+        model.state_dict()["encoder.embeddings.word_embeddings.weight"][5] += 1.0
+    save_delta(model, tmp_path / "delta")
+    from safetensors.torch import load_file, save_file
+
+    path = tmp_path / "delta" / DELTA_WEIGHTS_NAME
+    stored = load_file(str(path))
+    stored["encoder.embeddings.word_embeddings.weight@rows"] = torch.tensor([10**6])
+    save_file(stored, str(path))
+    with pytest.raises(ValueError, match=r"tensor 'encoder.embeddings.word_embeddings.weight' .* does not fit"):
+        load_model("cross-encoder", tmp_path / "delta")

@@ -57,12 +57,13 @@ def stored_scores(model: MoresModel, query: str, documents: list[str], reuse: st
     return model.score(model.encode_query(model.tokenize_queries([query])), docs, lengths)
 
 
+@pytest.mark.parametrize("interaction", ["separate", "joint"])
 @pytest.mark.parametrize("pooling", ["cls", "avg"])
 @pytest.mark.parametrize("tied", [True, False])
 @pytest.mark.parametrize("n_blocks", [1, 2, 3, 4])
-def test_forward_equals_s1_equals_s2(tokenizer, tiny_dims, n_blocks, tied, pooling):
+def test_forward_equals_s1_equals_s2(tokenizer, tiny_dims, n_blocks, tied, pooling, interaction):
     model = make_model(dims_for(tiny_dims, n_blocks), tokenizer, n_interaction_blocks=n_blocks, tied=tied,
-                       pooling=pooling)
+                       pooling=pooling, interaction=interaction)
     with torch.no_grad():
         trained = model(model.tokenize_queries([QUERY] * len(DOCUMENTS)), model.tokenize_documents(DOCUMENTS))
         s1 = stored_scores(model, QUERY, DOCUMENTS, "s1")
@@ -74,11 +75,14 @@ def test_forward_equals_s1_equals_s2(tokenizer, tiny_dims, n_blocks, tied, pooli
     torch.testing.assert_close(s2_heads, s2, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("interaction", ["separate", "joint"])
 @pytest.mark.parametrize("n_blocks", [1, 2])
-def test_last_block_cls_only_equals_every_row(tokenizer, tiny_dims, n_blocks):
-    """The last block computes only the [CLS] row after its cross-attention; the paper's block computes every row
-    and pools row 0. Same logits, and a second query of another length in the batch (padding) changes nothing."""
-    model = make_model(dims_for(tiny_dims, n_blocks), tokenizer, n_interaction_blocks=n_blocks)
+def test_last_block_cls_only_equals_every_row(tokenizer, tiny_dims, n_blocks, interaction):
+    """The last block computes only the [CLS] row (after its cross-attention, or of its joint attention); the
+    paper's block computes every row and pools row 0. Same logits, and a second query of another length in the batch
+    (padding) changes nothing."""
+    model = make_model(dims_for(tiny_dims, n_blocks), tokenizer, n_interaction_blocks=n_blocks,
+                       interaction=interaction)
     queries = model.tokenize_queries([QUERY, OTHER_QUERY, QUERY, OTHER_QUERY])
     docs = model.tokenize_documents(DOCUMENTS)
     with torch.no_grad():
@@ -88,7 +92,7 @@ def test_last_block_cls_only_equals_every_row(tokenizer, tiny_dims, n_blocks):
         doc_mask = attention_mask_from_ids(docs["attention_mask"])
         x = query
         for block in model.interaction_module.blocks:
-            keys, values = block.cross_attention.project_keys_values(doc_states)
+            keys, values = block.document_attention.project_keys_values(doc_states)
             x = block(x, keys, values, doc_mask, query_mask)
         every_row = model.interaction_module.head(x[:, 0])
         cls_only = model.forward_logits(queries, docs)
@@ -176,6 +180,10 @@ def test_config_validation(tiny_dims, tokenizer):
         MoresConfig(encoder=tiny_dims, reuse="s3")
     with pytest.raises(ValueError, match="s2_reads"):
         MoresConfig(encoder=tiny_dims, s2_reads="columns")
+    with pytest.raises(ValueError, match="interaction"):
+        MoresConfig(encoder=tiny_dims, interaction="mixed")
+    with pytest.raises(ValueError, match="joint interaction blocks have none"):
+        MoresConfig(encoder=tiny_dims, interaction="joint", ib_init="random")
     with pytest.raises(ValueError, match="more layers"):
         MoresConfig(encoder=tiny_dims, n_interaction_blocks=4)
     config = MoresConfig(encoder=tiny_dims, n_interaction_blocks=3)
@@ -245,6 +253,47 @@ def test_from_backbone_initialisation(hf_backbone, n_blocks, tied):
     assert not torch.equal(model.interaction_module.blocks[0].self_attention.key.weight,
                            model.interaction_module.blocks[0].cross_attention.key.weight)
     assert model.config.backbone == str(directory) and model.config.n_query_layers == n_query
+
+
+def test_a_joint_block_is_a_bert_layer_for_the_query_rows_of_query_and_document(hf_backbone, tokenizer):
+    """Against transformers: a joint block copied from layer L of a BertModel, fed the layer-L input states of
+    ``[CLS] q [SEP] d [SEP]`` (query rows as its query, the rest as fixed documents), gives that layer's output for
+    the query rows; and the [CLS]-only last block gives the [CLS] row's."""
+    directory, hf_model = hf_backbone
+    model = MoresModel.from_backbone(directory, n_interaction_blocks=1, interaction="joint")
+    block = model.interaction_module.blocks[0]
+    assert block.cross_attention is None
+    pair = tokenizer([QUERY, OTHER_QUERY], [DOCUMENTS[0], DOCUMENTS[1]], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        states = hf_model(**pair, output_hidden_states=True).hidden_states
+        for row in range(2):
+            types, real = pair["token_type_ids"][row], pair["attention_mask"][row].bool()
+            query_rows, doc_rows = (types == 0) & real, (types == 1) & real
+            x, docs = states[3][row, query_rows][None], states[3][row, doc_rows][None]
+            query_mask = torch.ones(1, 1, 1, x.shape[1], dtype=torch.bool)
+            doc_mask = torch.ones(1, 1, 1, docs.shape[1], dtype=torch.bool)
+            keys, values = block.document_attention.project_keys_values(docs)
+            torch.testing.assert_close(block(x, keys, values, doc_mask, query_mask)[0], states[4][row, query_rows],
+                                       atol=1e-5, rtol=1e-5)
+            cls_only = model._interact(x, query_mask, lambda index, kv=(keys, values): kv, doc_mask)
+            every_row = model.interaction_module.head(states[4][row, 0][None])
+            torch.testing.assert_close(cls_only, every_row, atol=1e-5, rtol=1e-5)
+
+
+def test_joint_blocks_copy_each_layer_once_and_share_the_separate_blocks_s1_sidecar(hf_backbone):
+    directory, hf_model = hf_backbone
+    joint = MoresModel.from_backbone(directory, n_interaction_blocks=2, interaction="joint")
+    separate = MoresModel.from_backbone(directory, n_interaction_blocks=2)
+    for index, block in enumerate(joint.interaction_module.blocks):
+        for name, tensor in _hf_attention(hf_model.encoder.layer[2 + index]).items():
+            assert torch.equal(_our_attention(block.self_attention)[name], tensor), name
+    fingerprints = {}
+    for reuse in ("s1", "s2"):
+        joint.set_reuse(reuse)
+        separate.set_reuse(reuse)
+        fingerprints[reuse] = joint.store_fingerprint() == separate.store_fingerprint()
+    # the same document module: the same S1 sidecar; S2 stores the projections of another attention
+    assert fingerprints == {"s1": True, "s2": False}
 
 
 def test_from_backbone_random_cross_attention(hf_backbone):
@@ -464,3 +513,17 @@ def test_document_layers_must_lie_between_l_minus_k_and_l(tiny_dims, tokenizer, 
     dims = dataclasses.replace(tiny_dims, num_hidden_layers=4)
     with pytest.raises(ValueError, match="document_layers must be from L − K = 2 to L = 4"):
         make_model(dims, tokenizer, n_interaction_blocks=2, document_layers=document_layers)
+
+
+def test_joint_flops_count_one_attention_over_query_and_document_keys():
+    from pyserini_mores.models.flops import EncoderShape
+    from pyserini_mores.models.mores import mores_flops
+
+    shape = EncoderShape(layers=2, hidden=4, ffn=8, heads=2)
+    q, d = 3, 5
+    count = mores_flops(shape, q, d, interaction_blocks=1, reuse="s2", every_row=True, interaction="joint")
+    # query module: 1 layer over 3 tokens; block: QKV of 3 rows, attention over 3 + 5 keys and its output, FFN; head
+    layer = 8 * q * 16 + 4 * q * q * 4 + 4 * q * 4 * 8
+    block = 2 * q * 4 * 12 + 4 * q * (q + d) * 4 + 2 * q * 16 + 2 * (2 * q * 4 * 8)
+    assert count.sum() == layer + block + 2 * 4 * 2
+    assert count.sum("query") == layer + 2 * q * 4 * 12

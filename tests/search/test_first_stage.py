@@ -1,7 +1,9 @@
 """First stages besides BM25: another first stage's candidates from a run (joined to the index by docid, whatever the
-order of the run's lines), and BM25 + RM3 through Pyserini's ``set_rm3``."""
+order of the run's lines), BM25 + RM3 through Pyserini's ``set_rm3``, a dense index through Pyserini's
+``FaissSearcher``, and Pyserini's ``HybridSearcher`` of the two."""
 from __future__ import annotations
 
+import inspect
 import logging
 import random
 
@@ -10,6 +12,7 @@ import pytest
 from pyserini_mores.formats import read_ranked_run, write_run
 from pyserini_mores.search import Dense, RerankingSearcher, Rm3, UnknownDocidsError
 from pyserini_mores.search.__main__ import main as search_main
+from pyserini_mores.search.first_stage import Hybrid
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -72,8 +75,8 @@ def test_ranked_run_reads_the_same_whatever_the_line_order(tmp_path, other_first
         {qid: [docid for docid, _ in hits] for qid, hits in other_first_stage.items()}
 
 
-def test_ties_are_ordered_as_trec_eval_orders_them(tmp_path):
-    (tmp_path / "ties.trec").write_text("q1 Q0 a 1 1.0 t\nq1 Q0 c 2 2.0 t\nq1 Q0 ab 3 1.0 t\nq1 Q0 b 4 1.0 t\n")
+def test_equal_ranks_are_ordered_as_trec_eval_orders_them(tmp_path):
+    (tmp_path / "ties.trec").write_text("q1 Q0 a 1 1.0 t\nq1 Q0 c 1 2.0 t\nq1 Q0 ab 1 1.0 t\nq1 Q0 b 1 1.0 t\n")
     assert [docid for docid, _ in read_ranked_run(tmp_path / "ties.trec")["q1"]] == ["c", "b", "ab", "a"]
 
 
@@ -139,7 +142,7 @@ def test_search_command_reranks_a_run(tiny_index, tiny_maxsim_dir, maxsim_sideca
     assert output.read_bytes() == (tmp_path / "library.trec").read_bytes()
 
     with run_file.open("a") as lines:
-        lines.write("q1 Q0 not-in-index 99 50.0 other\n")  # in q1's top candidates
+        lines.write("q1 Q0 not-in-index 0 50.0 other\n")  # ranked first: in q1's top candidates
     capsys.readouterr()
     assert search_main(common + ["--run", str(run_file), "--output", str(tmp_path / "failed.trec")]) == 2
     assert "not-in-index" in capsys.readouterr().err
@@ -167,8 +170,8 @@ def test_rm3_changes_the_first_stage_and_is_reranked(tiny_index, tiny_maxsim_dir
 
 
 def test_rm3_arguments_are_checked(tiny_index):
-    with pytest.raises(ValueError, match="unknown first stage 'hybrid'"):
-        RerankingSearcher(tiny_index, "bm25", first_stage="hybrid")
+    with pytest.raises(ValueError, match="unknown first stage 'splade'"):
+        RerankingSearcher(tiny_index, "bm25", first_stage="splade")
     with pytest.raises(ValueError, match="first_stage='dense' needs dense="):
         RerankingSearcher(tiny_index, "bm25", first_stage="dense")
     with pytest.raises(ValueError, match="original_query_weight"):
@@ -257,3 +260,105 @@ def test_search_command_with_a_dense_first_stage(tiny_index, tiny_maxsim_dir, ma
     assert output.read_bytes() == (tmp_path / "library.trec").read_bytes()
     assert search_main(["--index", str(tiny_index), "--topics", str(topics_file), "--first-stage", "dense"]) == 2
     assert "--dense-index go together" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------------------- hybrid
+
+def pyserini_hybrid(searcher: RerankingSearcher, hybrid: Hybrid, queries: list[str], qids: list[str], depth: int):
+    """Pyserini's own ``HybridSearcher`` over the searcher's BM25 and dense searchers, each searcher's top ``depth``
+    fused into the top ``depth``: {qid: [(docid, score)]}."""
+    from pyserini_mores._jvm import import_pyserini
+
+    pyserini = import_pyserini("pyserini.search.hybrid").HybridSearcher(searcher.dense_searcher, searcher.searcher)
+    found = pyserini.batch_search(queries, qids, k0=depth, k=depth, alpha=hybrid.alpha,
+                                  normalization=hybrid.normalization, weight_on_dense=hybrid.weight_on_dense)
+    return {qid: [(hit.docid, round(float(hit.score), 5)) for hit in found[qid]] for qid in qids}
+
+
+def test_hybrid_defaults_are_pyserinis():
+    from pyserini_mores._jvm import import_pyserini
+
+    defaults = inspect.signature(import_pyserini("pyserini.search.hybrid").HybridSearcher.search).parameters
+    assert Hybrid() == Hybrid(**{name: defaults[name].default for name in ("alpha", "normalization",
+                                                                           "weight_on_dense")})
+
+
+# Normalization divides by the range of each searcher's scores: only queries with BM25 hits of two scores or more.
+SPREAD_TOPICS = {qid: TOPICS[qid] for qid in ("q1", "q3", "q5", "q12", "q13")}
+
+
+@pytest.mark.parametrize("hybrid, topics", [(Hybrid(), TOPICS),
+                                            (Hybrid(alpha=2.0, normalization=True, weight_on_dense=True),
+                                             SPREAD_TOPICS)], ids=["defaults", "normalised"])
+def test_hybrid_first_stage_is_pyserinis_fusion_joined_by_docid(tiny_index, tiny_maxsim_dir, maxsim_sidecar,
+                                                                 dense_index, hybrid, topics):
+    qids, queries = list(topics), list(topics.values())
+    searcher = RerankingSearcher(tiny_index, "maxsim", model=tiny_maxsim_dir, rerank_depth=DEPTH,
+                                 require_sidecar=True, first_stage="hybrid", dense=Dense(dense_index), hybrid=hybrid)
+    assert searcher.hybrid == hybrid
+    candidates = searcher.first_stage(queries, qids, k=K)
+    depth = searcher.candidate_depth(K)
+    assert hit_pairs(candidates) == pyserini_hybrid(searcher, hybrid, queries, qids, depth)
+    dense = searcher.dense_searcher.batch_search(queries, qids, k=depth)
+    bm25 = searcher.searcher.batch_search(queries, qids, k=depth)
+    sidecar = searcher.reranker.sidecar
+    for qid in qids:
+        docids = [hit.docid for hit in candidates[qid]]
+        assert set(docids) <= {hit.docid for hit in dense[qid]} | {hit.docid for hit in bm25[qid]}, qid
+        assert [hit.lucene_docid for hit in candidates[qid]] == list(sidecar.rows_for_docids(docids)), qid
+    assert any([hit.docid for hit in candidates[qid]] != [hit.docid for hit in dense[qid]] for qid in qids), \
+        "BM25 changed no dense ranking"
+    reranked = searcher.batch_search(queries, qids, k=K)
+    for qid, query in topics.items():
+        expected = searcher.rerank_hits(query, candidates[qid])[0][:K]
+        assert hit_pairs({qid: reranked[qid]}) == hit_pairs({qid: expected})
+        assert hit_pairs({qid: searcher.search(query, k=K)}) == hit_pairs({qid: expected})
+    searcher.close()
+
+
+def test_hybrid_arguments_are_checked(tiny_index, dense_index):
+    with pytest.raises(ValueError, match="first_stage='hybrid' needs dense="):
+        RerankingSearcher(tiny_index, "bm25", first_stage="hybrid")
+    with pytest.raises(ValueError, match="hybrid= is for the hybrid first stage, not 'dense'"):
+        RerankingSearcher(tiny_index, "bm25", first_stage="dense", dense=Dense(dense_index), hybrid=Hybrid())
+    with pytest.raises(ValueError, match="dense= is for the dense and hybrid first stages, not 'bm25'"):
+        RerankingSearcher(tiny_index, "bm25", dense=Dense(dense_index))
+    with pytest.raises(ValueError, match="alpha must be a finite number"):
+        Hybrid(alpha=float("nan"))
+    searcher = RerankingSearcher(tiny_index, "bm25", first_stage="hybrid", dense=Dense(dense_index),
+                                 hybrid=Hybrid(normalization=True))
+    with pytest.raises(ValueError, match="hits of 2 queries all score the same \\(q8, q16\\)"):
+        searcher.first_stage(list(TOPICS.values()), list(TOPICS), k=K)  # one BM25 hit each: a range of 0
+    searcher.close()
+
+
+def test_search_command_with_a_hybrid_first_stage(tiny_index, tiny_maxsim_dir, maxsim_sidecar, dense_index,
+                                                  topics_file, tmp_path, capsys):
+    qrels = tmp_path / "qrels.txt"
+    qrels.write_text("".join(f"{qid} 0 {docid} 1\n" for qid, docid in [("q1", "d04"), ("q3", "d20"), ("q5", "d01")]))
+    output = tmp_path / "hybrid.trec"
+    common = ["--index", str(tiny_index), "--topics", str(topics_file), "--hits", str(K)]
+    assert search_main(common + ["--reranker", "maxsim", "--model", str(tiny_maxsim_dir), "--rerank-depth",
+                                 str(DEPTH), "--first-stage", "hybrid", "--dense-index", str(dense_index),
+                                 "--hybrid-alpha", "0.5", "--hybrid-weight-on-dense", "--qrels", str(qrels),
+                                 "--examples", "0", "--output", str(output)]) == 0
+    printed = capsys.readouterr().out
+    assert "first stage: hybrid of BM25 k1=" in printed
+    assert f"and dense index {dense_index} (alpha=0.5 normalization=False weight_on_dense=True)" in printed
+    rows = [line.split()[0] for line in printed.splitlines() if line.startswith(("hybrid ", "maxsim "))]
+    assert rows == ["hybrid", "maxsim"], printed
+    hybrid = Hybrid(alpha=0.5, weight_on_dense=True)
+    searcher = RerankingSearcher(tiny_index, "maxsim", model=tiny_maxsim_dir, rerank_depth=DEPTH,
+                                 require_sidecar=True, first_stage="hybrid", dense=Dense(dense_index), hybrid=hybrid)
+    write_run(tmp_path / "library.trec", searcher.batch_search(list(TOPICS.values()), list(TOPICS), k=K),
+              tag="pyserini_mores-maxsim")
+    searcher.close()
+    assert output.read_bytes() == (tmp_path / "library.trec").read_bytes()
+
+    assert search_main(common + ["--first-stage", "hybrid"]) == 2
+    assert "--first-stage hybrid and --dense-index go together" in capsys.readouterr().err
+    assert search_main(common + ["--first-stage", "dense", "--dense-index", str(dense_index),
+                                 "--hybrid-alpha", "0.5"]) == 2
+    assert "are for --first-stage hybrid" in capsys.readouterr().err
+    assert search_main(common + ["--dense-index", str(dense_index)]) == 2
+    assert "--dense-index is for --first-stage dense or hybrid" in capsys.readouterr().err
