@@ -10,11 +10,19 @@ A model initialised from a fine-tuned ranker (``--init`` a trained cross-encoder
 free moves only the embedding rows of the tokens its training text contained: those tables are stored row-sparse —
 the changed rows under the tensor's name and their indices under ``NAME@rows`` — when that is smaller.
 
-Layout: ``config.json`` (the model's, plus ``"delta"``: dtype and the number of tensors) and ``delta.safetensors``.
+The stored tensors only make sense on top of the tensors they were not stored with, so the delta records a digest of
+those (``"reference"``: every tensor of the rebuilt model that the delta does not store whole) and loading refuses a
+model rebuilt differently (e.g. over a re-trained shipped cross-encoder of the same name). Only the tensors the
+delta leaves to the rebuild count: a newly initialised head that training changed is stored, so its random start
+may differ between PyTorch versions without refusing the delta.
+
+Layout: ``config.json`` (the model's, plus ``"delta"``: dtype, the number of tensors and the reference's
+fingerprint) and ``delta.safetensors``.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -58,12 +66,27 @@ def save_delta(model: RankingModel, directory: str | os.PathLike, dtype: torch.d
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     config = {"model_type": model.model_type, **model.config.to_dict(),
-              "delta": {"dtype": str(dtype).removeprefix("torch."), "tensors": tensors}}
+              "delta": {"dtype": str(dtype).removeprefix("torch."), "tensors": tensors,
+                        "reference": _rebuilt_digest(reference_state, _stored_whole(changed))}}
     (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     save_file(changed, str(directory / DELTA_WEIGHTS_NAME))
     stored = sum(tensor.numel() for name, tensor in changed.items() if not name.endswith(ROWS_SUFFIX))
     return {"tensors": tensors, "parameters": stored, "of_parameters": total,
             "bytes": (directory / DELTA_WEIGHTS_NAME).stat().st_size}
+
+
+def _stored_whole(stored: dict[str, torch.Tensor]) -> set[str]:
+    return {name for name in stored if not name.endswith(ROWS_SUFFIX) and name + ROWS_SUFFIX not in stored}
+
+
+def _rebuilt_digest(state: dict[str, torch.Tensor], stored_whole: set[str]) -> str:
+    """sha256 of the tensors of ``state`` (a rebuilt model's) that the delta takes from the rebuild."""
+    digest = hashlib.sha256()
+    for name, tensor in state.items():
+        if name not in stored_whole:
+            digest.update(name.encode())
+            digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _changed_part(name: str, tensor: torch.Tensor, reference: torch.Tensor,
@@ -87,17 +110,21 @@ def load_delta(model_cls: type[RankingModel], directory: str | os.PathLike, **ov
     """
     directory = Path(directory)
     values = json.loads((directory / CONFIG_NAME).read_text())
-    values.pop("delta", None)
+    recorded = values.pop("delta", {}).get("reference")
     if values.get("model_type") != model_cls.model_type:
         raise ValueError(f"{directory} holds a '{values.get('model_type')}' model, not '{model_cls.model_type}'")
     return model_cls.load_overridden(directory, values, overrides,
-                                     lambda **given: _apply_delta(model_cls, directory, values, given))
+                                     lambda **given: _apply_delta(model_cls, directory, values, given, recorded))
 
 
-def _apply_delta(model_cls: type[RankingModel], directory: Path, values: dict, overrides: dict) -> RankingModel:
+def _apply_delta(model_cls: type[RankingModel], directory: Path, values: dict, overrides: dict,
+                 reference: str | None = None) -> RankingModel:
     model = rebuild_from_backbone(model_cls, {**values, **overrides})
     state = model.state_dict()
     stored = load_file(str(directory / DELTA_WEIGHTS_NAME))
+    # checked without overrides only: one that restructures the model (MORES untying) renames its tensors
+    rebuilt_differently = reference is not None and not overrides and _rebuilt_digest(
+        state, _stored_whole(stored)) != reference
     with torch.no_grad():
         for name, tensor in stored.items():
             if name.endswith(ROWS_SUFFIX):
@@ -113,6 +140,9 @@ def _apply_delta(model_cls: type[RankingModel], directory: Path, values: dict, o
                 raise ValueError(f"{directory / DELTA_WEIGHTS_NAME}: tensor '{name}' "
                                  f"{tuple(tensor.shape)} does not fit the model rebuilt from "
                                  f"'{values.get('backbone')}'; was it saved from another backbone?")
+    if rebuilt_differently:
+        raise ValueError(f"{directory} was saved over another '{values.get('backbone')}' than the one installed "
+                         "(the tensors it leaves to the rebuild differ): the delta cannot be applied to it")
     return model.eval()
 
 

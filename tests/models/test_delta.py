@@ -156,3 +156,22 @@ def test_a_row_sparse_table_whose_rows_do_not_fit_is_refused(tmp_path, tiny_back
     save_file(stored, str(path))
     with pytest.raises(ValueError, match=r"tensor 'encoder.embeddings.word_embeddings.weight' .* does not fit"):
         load_model("cross-encoder", tmp_path / "delta")
+
+
+def test_a_delta_is_refused_over_a_backbone_that_changed_since(tmp_path, tiny_backbone):
+    import shutil
+
+    from transformers import BertModel
+
+    backbone = tmp_path / "backbone"
+    shutil.copytree(tiny_backbone, backbone)
+    model = _trained("prettr", backbone, join_layer=2)
+    save_delta(model, tmp_path / "delta")
+    assert load_model("prettr", tmp_path / "delta").store_fingerprint() == load_model(
+        "prettr", tmp_path / "delta").store_fingerprint()
+    retrained = BertModel.from_pretrained(backbone)  # the same name, other weights: e.g. a re-trained ranker
+    with torch.no_grad():
+        retrained.embeddings.word_embeddings.weight[7] += 1.0
+    retrained.save_pretrained(backbone)
+    with pytest.raises(ValueError, match=r"was saved over another '.*backbone' than the one installed"):
+        load_model("prettr", tmp_path / "delta")
