@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from tiny_models import spread_tk_scores, spread_weights
 
 from pyserini_mores import get_reranker
 from pyserini_mores.explain import (
@@ -38,17 +39,6 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def _spread_weights(model: torch.nn.Module) -> None:
-    """Wider than BERT's init, so attention is far from uniform and a masking or ordering bug shows."""
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if parameter.dim() == 2:
-                parameter.normal_(0, 0.3 if "head" not in name else 1.0)
-            elif "norm" not in name:
-                parameter.normal_(0, 0.1)
-
-
 def _save_with_sidecar(model, directory: Path, name: str, index: Path) -> Path:
     """Save ``model``, and build its float32 sidecar over ``index`` at the default location; returns the model dir."""
     model.save_pretrained(directory)
@@ -70,7 +60,7 @@ def mores_dir(tmp_path_factory, tokenizer, tiny_index) -> Path:
                     max_position_embeddings=256)
     torch.manual_seed(0)
     model = MoresModel(MoresConfig(encoder=dims, n_interaction_blocks=2, reuse="s1", doc_max_length=64), tokenizer)
-    _spread_weights(model)
+    spread_weights(model, seed=1)
     return _save_with_sidecar(model.eval(), tmp_path_factory.mktemp("models") / "tiny-mores", "mores", tiny_index)
 
 
@@ -83,7 +73,7 @@ def prettr_dir(tmp_path_factory, tokenizer, tiny_index) -> Path:
     torch.manual_seed(0)
     config = PreTTRConfig(encoder=dims, join_layer=1, query_max_length=12, doc_max_length=48)
     model = PreTTRModel(config, tokenizer)
-    _spread_weights(model)
+    spread_weights(model, seed=1)
     return _save_with_sidecar(model.eval(), tmp_path_factory.mktemp("models") / "tiny-prettr", "prettr", tiny_index)
 
 
@@ -92,13 +82,7 @@ def _tiny_tk(tokenizer) -> TKModel:
     config = TKConfig(embedding_dim=32, vocab_size=len(tokenizer), num_layers=2, num_heads=4, head_dim=8, ffn_dim=16,
                       doc_max_length=64)
     model = TKModel(config, tokenizer).eval()
-    with torch.no_grad():  # the paper's init gives scores of ~1e-3; spread them so tolerances mean something
-        model.mixer.fill_(0.3)
-        model.pooled_scale.fill_(1.0)
-        model.log_weights.weight.uniform_(-1, 1)
-        model.len_weights.weight.uniform_(-1, 1)
-        model.combine.weight.copy_(torch.tensor([[0.7, 1.3]]))
-    return model
+    return spread_tk_scores(model)
 
 
 @pytest.fixture(scope="module")
@@ -255,7 +239,7 @@ def test_prettr_compressed_last_layer_join_matches_the_reference_forward(tokeniz
     torch.manual_seed(0)
     model = PreTTRModel(PreTTRConfig(encoder=tiny_dims, compression_dim=16, query_max_length=12, doc_max_length=48),
                         tokenizer)
-    _spread_weights(model)
+    spread_weights(model, seed=1)
     model.eval()
     query_batch, doc_batch = model.tokenize_queries([QUERY]), model.tokenize_documents(texts)
     docs, lengths = pad_documents(model.encode_documents(doc_batch))  # the compressed codes a sidecar stores

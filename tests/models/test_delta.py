@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+from tiny_models import save_tiny_bert
 
 from pyserini_mores.models import load_model
 from pyserini_mores.models.delta import DELTA_WEIGHTS_NAME, save_delta
@@ -16,14 +17,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 @pytest.fixture(scope="module")
 def tiny_backbone(tmp_path_factory, tokenizer):
     """A local HF BERT directory (random weights, 2 layers, 32 wide): a backbone like bert-base-uncased, but tiny."""
-    from transformers import BertConfig, BertModel
-
-    torch.manual_seed(1)
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
-                        intermediate_size=64, max_position_embeddings=256)
     path = tmp_path_factory.mktemp("backbone") / "tiny-bert"
-    BertModel(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    save_tiny_bert(path, tokenizer, layers=3, seed=1)
     return path
 
 

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from tiny_models import save_tiny_bert
 
 from pyserini_mores.models import load_model
 from pyserini_mores.models.cross_encoder import CrossEncoder, CrossEncoderConfig, join_pairs
@@ -34,19 +35,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 @pytest.fixture(scope="module")
 def hf_backbone(tmp_path_factory, tokenizer):
     """A tiny random ``transformers.BertModel`` saved with the MiniLM tokenizer: (directory, model)."""
-    from transformers import BertConfig, BertModel
-
-    torch.manual_seed(2)
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=64, max_position_embeddings=256)
-    model = BertModel(config).eval()
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(torch.randn_like(parameter) * 0.1)
     directory = tmp_path_factory.mktemp("hf_bert_ce")
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory, model
+    return directory, save_tiny_bert(directory, tokenizer, layers=2, seed=2, perturbation=0.1)
 
 
 @pytest.fixture(scope="module")

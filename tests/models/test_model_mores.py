@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import torch
+from tiny_models import save_tiny_bert, spread_weights
 
 from pyserini_mores.models import load_model, pad_documents
 from pyserini_mores.models._layers import attention_mask_from_ids
@@ -29,14 +30,7 @@ def make_model(dims, tokenizer, seed: int = 0, **config) -> MoresModel:
     """A tiny random MORES whose weights are spread wider than BERT's init, so scores differ clearly between
     documents and attention is far from uniform (a masking bug then shows)."""
     torch.manual_seed(seed)
-    model = MoresModel(MoresConfig(encoder=dims, **config), tokenizer)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if parameter.dim() == 2:
-                parameter.normal_(0, 0.3 if "head" not in name else 1.0)
-            elif "norm" not in name:
-                parameter.normal_(0, 0.1)
-    return model.eval()
+    return spread_weights(MoresModel(MoresConfig(encoder=dims, **config), tokenizer)).eval()
 
 
 def dims_for(tiny_dims, n_blocks: int):
@@ -196,19 +190,8 @@ def test_config_validation(tiny_dims, tokenizer):
 @pytest.fixture(scope="module")
 def hf_backbone(tmp_path_factory, tokenizer):
     """A tiny random ``transformers.BertModel`` saved with the MiniLM tokenizer: (directory, model)."""
-    from transformers import BertConfig, BertModel
-
-    torch.manual_seed(1)
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
-                        intermediate_size=64, max_position_embeddings=256)
-    model = BertModel(config).eval()
-    with torch.no_grad():  # wider than BERT's init, so copies are distinguishable from random weights
-        for parameter in model.parameters():
-            parameter.add_(torch.randn_like(parameter) * 0.1)
     directory = tmp_path_factory.mktemp("hf_bert")
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory, model
+    return directory, save_tiny_bert(directory, tokenizer, layers=4, seed=1, perturbation=0.1)
 
 
 def _hf_attention(hf_layer) -> dict[str, torch.Tensor]:

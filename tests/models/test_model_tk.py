@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from tiny_models import spread_tk_scores
 
 from pyserini_mores.models import load_model, pad_documents
 from pyserini_mores.models.tk import (
@@ -21,23 +22,12 @@ from pyserini_mores.models.tk import (
 QUERY = "text editor for source code \u2603"  # the snowman is [UNK] in MiniLM's WordPiece: an OOV query term
 
 
-def _make_scores_large(model: TKModel) -> TKModel:
-    """The paper's init gives scores of ~1e-3; spread the scoring weights so a 1e-4 tolerance means something."""
-    with torch.no_grad():
-        model.mixer.fill_(0.3)
-        model.pooled_scale.fill_(1.0)
-        model.log_weights.weight.uniform_(-1, 1)
-        model.len_weights.weight.uniform_(-1, 1)
-        model.combine.weight.copy_(torch.tensor([[0.7, 1.3]]))
-    return model
-
-
 @pytest.fixture
 def tiny_tk(tokenizer) -> TKModel:
     torch.manual_seed(0)
     config = TKConfig(embedding_dim=32, vocab_size=len(tokenizer), num_layers=2, num_heads=4, head_dim=8, ffn_dim=16,
                       doc_max_length=64)
-    return _make_scores_large(TKModel(config, tokenizer).eval())
+    return spread_tk_scores(TKModel(config, tokenizer).eval())
 
 
 @pytest.fixture
@@ -277,7 +267,7 @@ def test_glove_vocabulary_tokenizer_oov_and_checkpoint(tmp_path):
     torch.testing.assert_close(loaded_vectors, vectors[:-1], rtol=0, atol=1e-6)
 
     torch.manual_seed(0)
-    model = _make_scores_large(TKModel.from_glove(tmp_path / "glove.txt", num_layers=1, num_heads=2, head_dim=4,
+    model = spread_tk_scores(TKModel.from_glove(tmp_path / "glove.txt", num_layers=1, num_heads=2, head_dim=4,
                                                   ffn_dim=8))
     assert model.config.embedding_dim == 6 and model.config.vocab_size == 2 + 11
     assert model.config.tokenizer_type == "word" and model.embeddings.weight.requires_grad  # trained, as in TK

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from tiny_models import spread_tk_scores
 
 from pyserini_mores.rerankers.learned import ModelReranker, bf16_scoring_copy
 from pyserini_mores.sidecar import SidecarWriter, open_sidecar
@@ -64,13 +65,7 @@ def _model(kind: str, dims, tokenizer):
 
         model = TKModel(TKConfig(embedding_dim=dims.hidden_size, vocab_size=len(tokenizer), num_layers=2, num_heads=4,
                                  head_dim=8, ffn_dim=16, doc_max_length=64), tokenizer).eval()
-        with torch.no_grad():  # the paper's init gives scores of ~1e-3: spread the scoring weights
-            model.mixer.fill_(0.3)
-            model.pooled_scale.fill_(1.0)
-            model.log_weights.weight.uniform_(-1, 1)
-            model.len_weights.weight.uniform_(-1, 1)
-            model.combine.weight.copy_(torch.tensor([[0.7, 1.3]]))
-        return model
+        return spread_tk_scores(model)  # the paper's init gives scores of ~1e-3
     if kind == "cross-encoder":
         from pyserini_mores.models.cross_encoder import CrossEncoder, CrossEncoderConfig
 
