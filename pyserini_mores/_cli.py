@@ -30,12 +30,13 @@ def define_model_args(parser: argparse.ArgumentParser, *, default_reranker: str 
                        help="compute precision of the model; auto (default): bf16 where the hardware runs it natively "
                             "(AMX or AVX512-BF16 CPUs, CUDA with bf16), fp32 elsewhere (emulated bf16 is ~20x slower)")
     if device:
-        group.add_argument("--device", type=_device_name, default="auto", metavar="{auto,cpu,cuda,cuda:N}",
+        group.add_argument("--device", type=device_name, default="auto", metavar="{auto,cpu,cuda,cuda:N}",
                            help="where the model computes; auto (default): cuda when torch.cuda.is_available(), "
                                 "else cpu")
 
 
-def _device_name(value: str) -> str:
+def device_name(value: str) -> str:
+    """argparse ``type`` of every ``--device``: the name checked, a bad one a usage error."""
     try:
         return check_device_name(value)
     except ValueError as error:  # argparse shows an ArgumentTypeError's message as the usage error

@@ -73,3 +73,21 @@ def fsync_dir(directory: PathLike) -> None:
         pass
     finally:
         os.close(descriptor)
+
+
+def evict_from_page_cache(paths) -> None:
+    """Ask the kernel to drop ``paths`` from the page cache, so that the next reads come from storage: clean pages
+    that no process maps (a reader first unmaps its own: :meth:`SidecarReader.evict_from_page_cache`); no root
+    needed. Files that cannot be opened are skipped."""
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        except (OSError, AttributeError):  # not on this platform: the pages stay cached
+            pass
+        finally:
+            os.close(fd)
+

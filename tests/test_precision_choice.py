@@ -89,3 +89,17 @@ def test_this_machine_answers():
     """The real probe runs on whatever CPU this is and gives a reason a user can read."""
     support = precision.bf16_support("cpu")
     assert isinstance(support.native, bool) and "CPU" in support.reason
+
+
+@pytest.mark.parametrize("native, expected", [(True, ["bf16"]), (False, ["fp32"])])
+def test_the_benchmark_measures_the_auto_precision_by_default(monkeypatch, native, expected):
+    import argparse
+
+    from pyserini_mores.bench.__main__ import config_from_args, define_bench_args
+
+    _fake_cpu(monkeypatch, native)
+    parser = argparse.ArgumentParser()
+    define_bench_args(parser)
+    assert config_from_args(parser.parse_args(["--device", "cpu"])).precisions == expected
+    assert config_from_args(parser.parse_args(["--device", "cpu", "--precision", "both"])).precisions == ["fp32",
+                                                                                                         "bf16"]

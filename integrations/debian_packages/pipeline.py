@@ -1,33 +1,74 @@
 """The whole debian-packages experiment, end to end on CPU, with the offline MiniLM backbone.
 
-index → BM25 runs → mined negatives → train every reranker (cross-encoder, MORES 2×IB and 1×IB, PreTTR l = L−2 with
-and without compression, TK, and the MaxSim dual encoder of the embedded default; MORES and PreTTR start from MaxSim's
-trained encoder and train against the sidecar of its document states, and every other model learns from MaxSim's
-scores: the teacher reranks the training queries and negatives are mined from its run with its scores) → sidecars → rerank BM25
-candidates of the test (and dev) queries → time 1000-candidate reranking → one results table (MRR@10, nDCG@10, R@10,
-ms/query for 1000 candidates, bytes/doc, the non-inferiority test of every model against the cross-encoder).
+index → BM25 runs → mined negatives → the teacher, then its students → sidecars → rerank BM25 candidates of the test
+(and dev) queries → time 1000-candidate reranking → one results table (MRR@10, nDCG@10, R@10, ms/query for 1000
+candidates, bytes/doc, the non-inferiority test of every model against the cross-encoder).
+
+Two families of rerankers train, each teacher before its students:
+
+- the cross-encoder, the teacher (recipe ``cross-encoder-debian-teacher``, the shipped ``debian-cross-encoder``'s:
+  pointwise on 4 negatives per training query from its BM25 top 30), then MORES 2×IB initialised from it and trained
+  against the S1 sidecar of its 4-layer document module (``mores-2ib-debian-from-ce``), then that model distilled
+  from the cross-encoder's scores by Margin-MSE against the same sidecar (``mores-2ib-debian-distilled``: the
+  cross-encoder reranks the BM25 top 16 of 2,000 training queries drawn at random); the two MORES recipes are the
+  stages of the shipped ``debian-mores-2ib``;
+- MaxSim (the embedded default's reranker), then the models that start from its trained encoder (MORES 1×IB, PreTTR
+  l = L−2 with and without compression: their sidecars hold its token states) or learn from its scores (those and
+  TK: it reranks the training queries, and negatives are mined from its run with its scores).
+
+By default every training step runs a short schedule (``Model.short_steps``) so that the whole pipeline fits about
+three hours of 2 CPU cores; ``--full`` trains every row with its recipe's own schedule, which for the cross-encoder
+and MORES 2×IB is the one that made the shipped models.
 
 Every step is one of the package's commands, printed before it runs, so any of them can be copied. A journal
-(``WORK/pipeline.json``) records each finished step with its time and command; a re-run skips finished steps
-(training and sidecar builds also resume from inside an interrupted step), so a killed pipeline continues where it
-stopped, and refuses to skip one whose command has changed since (an edited recipe row or flag).
+(``WORK/pipeline.json``, kept by ``integrations/steps.py``) records each finished step with its time and command; a
+re-run skips finished steps (training and sidecar builds also resume from inside an interrupted step), so a killed
+pipeline continues where it stopped, and refuses to skip one whose command has changed since (an edited recipe row
+or flag, or ``--full`` after the short schedule).
 
     python integrations/debian_packages/pipeline.py --data ../shared/data/debian-packages --work runs/debian
-    python integrations/debian_packages/pipeline.py ... --models mores-2ib cross-encoder --dry-run
+    python integrations/debian_packages/pipeline.py ... --models mores-2ib --full --dry-run
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
+import random
 import re
-import shlex
-import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+REPOSITORY = Path(__file__).resolve().parents[2]
+if str(REPOSITORY) not in sys.path:  # run as a script: the repository root makes integrations/ importable
+    sys.path.append(str(REPOSITORY))
+
+from integrations.steps import StepRunner  # noqa: E402
+from pyserini_mores._io import write_text_atomic  # noqa: E402
+from pyserini_mores._model_args import format_model_arg  # noqa: E402
+from pyserini_mores.train.recipes import read_recipe  # noqa: E402
+
 PY = [sys.executable, "-m"]
+
+
+@dataclass(frozen=True)
+class TeacherScoring:
+    """How a teacher scores a student's training triples: it reranks the BM25 top ``depth`` of the training queries
+    (all of them, or ``queries`` of them drawn at random with ``seed``), keeping every candidate's score (``--hits``
+    is the same), and ``negatives`` per query are mined from its top ``negative_depth`` with its scores."""
+
+    depth: int = 50
+    negatives: int = 6
+    negative_depth: int = 30
+    queries: int | None = None
+    seed: int | None = None
+
+    @property
+    def topics(self) -> str:
+        """The name of the queries it reranks: ``train``, or ``train2000`` for a subset of 2,000."""
+        return "train" if self.queries is None else f"train{self.queries}"
 
 
 @dataclass(frozen=True)
@@ -45,34 +86,54 @@ class Model:
     # True: the sidecar is built from the starting model before training, and training reads it (--doc-sidecar
     # default, so only what runs online trains); the trained model then reranks from that same sidecar.
     sidecar_first: bool = False
-    teacher: str | None = None  # another row that scores this one's training triples (its recipe's loss: distill)
-    max_steps: int | None = None  # shorter than the recipe's schedule, for the pipeline's time budget
+    teacher: str | None = None  # another row that scores this one's training triples (its recipe's loss learns them)
+    teacher_scoring: TeacherScoring = TeacherScoring()  # with a teacher: the queries, depths and negatives it scores
+    # Another (sidecar_first) row whose sidecar this one trains against and reranks from, instead of one of its own:
+    # it starts from that row's trained model, whose document module the sidecar froze, so the stored vectors are
+    # this model's too (--doc-sidecar default and the search find them by that module's fingerprint).
+    sidecar_of: str | None = None
+    # Without a teacher: (negatives per training query, drawn from BM25's top ...) of its unscored triples.
+    bm25_negatives: tuple[int, int] = (1, 50)
+    short_steps: int | None = None  # the default schedule's steps (None: the recipe's); --full: the recipe's
+    seconds_per_step: float | None = None  # expected on 2 AVX2 cores in fp32, for the printed estimate
 
 
 MODELS = (
-    # Step counts below the recipes' (``max_steps``) keep the whole pipeline within the issue's two hours on 2 cores
-    # (measured: 96 min); the recipes keep the longer schedules their sources measured (e.g. MORES 2×IB: test 0.648
-    # after 2,000 steps against 0.632 after the pipeline's 1,000).
-    # not from the papers: the embedded default's reranker, MORES's and PreTTR's starting point, and the teacher of
-    # every other row (its 600-step runs were best at step 400)
-    Model("maxsim", "maxsim", "maxsim-debian", max_steps=400),
-    Model("cross-encoder", "cross-encoder", "cross-encoder-debian", stores=False, teacher="maxsim"),
-    Model("mores-2ib", "mores", "mores-debian", rerank_args=("--model-arg", "reuse=s1"), sidecar_first=True,
-          init_from="maxsim", teacher="maxsim", max_steps=1000),
+    # The teacher and its students, the shipped models' recipes (docs/results.md). Expected step times on 2 AVX2
+    # cores in fp32: the cross-encoder ~2 s for 16 pairs, MORES against its sidecar ~0.5 s for 32 pairs. The short
+    # schedules (500, 2,000 and 500 steps) leave the rest of the three hours to the MaxSim family; --full trains them
+    # up to 6,000 steps (early stopping on dev), 4,500 and 1,500 steps.
+    Model("cross-encoder", "cross-encoder", "cross-encoder-debian-teacher", stores=False, bm25_negatives=(4, 30),
+          short_steps=500, seconds_per_step=2.0),
+    Model("mores-2ib", "mores", "mores-2ib-debian-from-ce", rerank_args=("--model-arg", "reuse=s1"),
+          sidecar_first=True, init_from="cross-encoder", bm25_negatives=(4, 30), short_steps=2000,
+          seconds_per_step=0.5),
+    # The shipped debian-mores-2ib's second stage (its recipe's sources): MORES 2×IB continued from the row above by
+    # Margin-MSE on the cross-encoder's scores of the BM25 top 16 of 2,000 training queries (a seeded random subset),
+    # 8 scored negatives per query from all 16, against the same S1 sidecar (the recipe's --doc-sidecar default).
+    Model("mores-2ib-distilled", "mores", "mores-2ib-debian-distilled", rerank_args=("--model-arg", "reuse=s1"),
+          init_from="mores-2ib", sidecar_of="mores-2ib", teacher="cross-encoder",
+          teacher_scoring=TeacherScoring(depth=16, negatives=8, negative_depth=16, queries=2000, seed=29),
+          short_steps=500),
+    # The MaxSim family. Step counts below the recipes' keep its part of the pipeline within its first budget
+    # (measured: 96 min for the whole pipeline on 2 AMX cores in bf16); the recipes keep the longer schedules their
+    # sources measured. Not from the papers: MaxSim is the embedded default's reranker, MORES 1×IB's and PreTTR's
+    # starting point, and the teacher of the rows below it (its 600-step runs were best at step 400).
+    Model("maxsim", "maxsim", "maxsim-debian", short_steps=400),
     Model("mores-1ib", "mores", "mores-debian", ("--model-arg", "n_interaction_blocks=1"),
-          ("--model-arg", "reuse=s1"), sidecar_first=True, init_from="maxsim", teacher="maxsim", max_steps=800),
+          ("--model-arg", "reuse=s1"), sidecar_first=True, init_from="maxsim", teacher="maxsim", short_steps=800),
     Model("prettr-l4", "prettr", "prettr-debian", sidecar_first=True, init_from="maxsim", teacher="maxsim",
-          max_steps=800),
+          short_steps=800),
     # Started from the trained PreTTR l = 4 instead (compressor pre-trained under its upper layers, 300 steps) it
     # measured test 0.452 against 0.504 from MaxSim after 800 steps (0.556 after 1,000), so it starts from MaxSim.
     Model("prettr-l4-e128", "prettr", "prettr-debian", ("--model-arg", "compression_dim=128"),
-          needs_compressor=True, sidecar_first=True, init_from="maxsim", teacher="maxsim", max_steps=800),
+          needs_compressor=True, sidecar_first=True, init_from="maxsim", teacher="maxsim", short_steps=800),
     Model("tk", "tk", "tk-debian", teacher="maxsim"),
 )
-#: the teacher reranks this many BM25 candidates of every training query (all of them keep its score: --hits is the
-#: same), and scored negatives are drawn from its top TEACHER_NEGATIVE_DEPTH
-TEACHER_DEPTH, TEACHER_NEGATIVE_DEPTH, TEACHER_NEGATIVES = 50, 30, 6
+#: BM25 candidates kept per training query, from which unscored negatives are drawn (the deepest draw is 50)
+BM25_TRAIN_HITS = 100
 BASELINE = "cross-encoder"
+PRECISION = "auto"  # bf16 where the CPU runs it natively (AMX), fp32 elsewhere: emulated bf16 is many times slower
 
 
 @dataclass
@@ -83,10 +144,14 @@ class Pipeline:
     splits: list[str]
     depth: int
     speed_queries: int
-    max_steps: int | None
+    max_steps: int | None  # every row's steps (--max-steps)
+    full: bool = False  # every row at its recipe's schedule (--full)
     dry_run: bool = False
-    journal: dict = field(default_factory=dict)
-    dry_run_steps: set = field(default_factory=set)
+    steps: StepRunner = field(init=False)
+    triples: dict = field(default_factory=dict)  # triples file by its source, once made
+
+    def __post_init__(self) -> None:
+        self.steps = StepRunner(self.work / "pipeline.json", dry_run=self.dry_run, check=check_arguments)
 
     # ---- paths -------------------------------------------------------------------------------------------------
     @property
@@ -99,59 +164,10 @@ class Pipeline:
     def run_file(self, name: str, split: str) -> Path:
         return self.work / "runs" / f"{name}.{split}.trec"
 
-    # ---- the journal ---------------------------------------------------------------------------------------------
-    def load_journal(self) -> None:
-        path = self.work / "pipeline.json"
-        self.journal = json.loads(path.read_text()) if path.is_file() else {}
-
-    def record(self, step: str, seconds: float, command: list[str] | None, **extra) -> None:
-        self.journal[step] = {"seconds": round(seconds, 1), "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
-                              "command": shlex.join(map(str, command)) if command else None, **extra}
-        from pyserini_mores._io import write_json_atomic
-
-        write_json_atomic(self.work / "pipeline.json", self.journal)  # a kill never leaves a half-written journal
-
-    def check_same_command(self, step: str, command: list[str]) -> None:
-        """Refuse to skip a finished step whose command has changed since (a recipe row or flag edited): its
-        outputs are those of the old command, and the table would silently mix the two."""
-        recorded, now = self.journal[step].get("command"), shlex.join(map(str, command))
-        if recorded is not None and recorded != now:
-            raise SystemExit(f"[{step}] finished earlier with another command:\n  then: {recorded}\n  now:  {now}\n"
-                             f"To redo it, move its outputs aside and delete \"{step}\" from "
-                             f"{self.work / 'pipeline.json'}; to keep it, run with the settings it was made with.")
-
-    def run(self, step: str, command: list[str], capture: bool = False, done: Path | None = None,
-            seconds_from=None, always: bool = False) -> str | None:
-        """Run ``command`` as ``step`` unless the journal (or ``done``, an output written last by the command
-        itself) says it finished (``always``: run it anyway); returns its stdout when ``capture``."""
-        if step in self.journal and not always:
-            self.check_same_command(step, command)
-            print(f"[{step}] done ({self.journal[step]['seconds']:.0f} s), skipped")
-            return self.journal[step].get("stdout")
-        if done is not None and done.exists():
-            seconds = seconds_from(done) if seconds_from else 0.0
-            print(f"[{step}] found {done}, recorded as done")
-            self.record(step, seconds, command, note="finished before this pipeline's journal")
-            return None
-        if self.dry_run:
-            if step not in self.dry_run_steps:  # printed once, as a real run journals it once
-                self.dry_run_steps.add(step)
-                print(f"[{step}] $ {shlex.join(map(str, command))}", flush=True)
-                check_arguments(step, command)
-            return None
-        print(f"[{step}] $ {shlex.join(map(str, command))}", flush=True)
-        started = time.perf_counter()
-        if capture:
-            completed = subprocess.run(command, stdout=subprocess.PIPE, text=True)
-            sys.stdout.write(completed.stdout)
-        else:
-            completed = subprocess.run(command)
-        if completed.returncode != 0:
-            raise SystemExit(f"[{step}] failed with exit code {completed.returncode}; fix it and re-run the same "
-                             "command: finished steps are skipped")
-        output = completed.stdout if capture else None
-        self.record(step, time.perf_counter() - started, command, **({"stdout": output} if capture else {}))
-        return output
+    def run(self, step: str, command: list, *, done: Path | None = None, **options) -> str | None:
+        """One step through the journal; ``done``: an output the command writes last, which marks as done a step
+        finished before the journal knew it."""
+        return self.steps.run(step, command, outputs=[done] if done is not None else [], **options)
 
     # ---- the steps -------------------------------------------------------------------------------------------------
     def build_index(self) -> None:
@@ -164,11 +180,69 @@ class Pipeline:
                                        "--topics", self.data / f"queries.{split}.tsv", "--hits", "1000",
                                        "--threads", "2", "--output", self.run_file("bm25", split)])
 
-    def mine_negatives(self) -> None:
-        self.run("negatives", [*PY, "pyserini_mores.train", "mine-negatives", "--index", self.index,
-                               "--topics", self.data / "queries.train.tsv", "--qrels", self.data / "qrels.train.txt",
-                               "--negatives-per-query", "1", "--depth", "50", "--threads", "2",
-                               "--output", self.work / "triples.train.tsv"], done=self.work / "triples.train.tsv")
+    def training_triples(self, model: Model, by_name: dict[str, Model]) -> Path:
+        """The triples ``model`` trains on: scored by its teacher, or with negatives drawn from BM25."""
+        if model.teacher:
+            return self.scored_triples(by_name[model.teacher], model.teacher_scoring)
+        return self.bm25_triples(*model.bm25_negatives)
+
+    def bm25_triples(self, per_query: int, depth: int) -> Path:
+        """Training triples with ``per_query`` negatives drawn at random from each training query's BM25 top
+        ``depth`` (the commands that made the shipped cross-encoder's, docs/results.md)."""
+        source = f"bm25-{per_query}x{depth}"
+        if source not in self.triples:
+            run = self.run_file("bm25", "train")
+            self.run("bm25-train", [*PY, "pyserini_mores.search", "--index", self.index,
+                                    "--topics", self.data / "queries.train.tsv", "--hits", str(BM25_TRAIN_HITS),
+                                    "--threads", "2", "--output", run], done=run)
+            triples = self.work / f"triples.train.{source}.tsv"
+            self.run(f"negatives-{source}", [
+                *PY, "pyserini_mores.train", "mine-negatives", "--run", run, "--index", self.index,
+                "--topics", self.data / "queries.train.tsv", "--qrels", self.data / "qrels.train.txt",
+                "--negatives-per-query", str(per_query), "--depth", str(depth), "--output", triples], done=triples)
+            self.triples[source] = triples
+        return self.triples[source]
+
+    def scored_triples(self, teacher: Model, scoring: TeacherScoring) -> Path:
+        """Training triples scored by ``teacher``: its run over the BM25 top ``scoring.depth`` of the training
+        queries (or of a subset of them), and negatives mined from that run with the teacher's scores."""
+        source = teacher.name if scoring.queries is None else f"{teacher.name}-{scoring.topics}"
+        if (teacher.name, scoring) not in self.triples:
+            if source in self.triples:  # another scoring would overwrite the same run and triples
+                raise ValueError(f"two scorings of {teacher.name}'s {scoring.topics} queries; give them other subsets")
+            self.build_sidecar(teacher)
+            topics = self.training_topics(scoring)
+            run = self.run_file(teacher.name, scoring.topics)
+            self.run(f"rerank-{teacher.name}-{scoring.topics}", [
+                *PY, "pyserini_mores.search", "--index", self.index, "--topics", topics,
+                *self.model_args(teacher), "--rerank-depth", str(scoring.depth), "--hits", str(scoring.depth),
+                "--precision", PRECISION, "--output", run], done=run)
+            scored = self.work / f"triples.train.{source}.tsv"
+            self.run(f"negatives-{source}", [
+                *PY, "pyserini_mores.train", "mine-negatives", "--run", run, "--index", self.index,
+                "--topics", topics, "--qrels", self.data / "qrels.train.txt",
+                "--negatives-per-query", str(scoring.negatives), "--depth", str(scoring.negative_depth),
+                "--teacher-scores", "--output", scored], done=scored)
+            self.triples[source] = self.triples[teacher.name, scoring] = scored
+        return self.triples[teacher.name, scoring]
+
+    def training_topics(self, scoring: TeacherScoring) -> Path:
+        """The training queries a teacher reranks: all of them, or ``scoring.queries`` of them drawn at random with
+        ``scoring.seed``, written to WORK before the steps that read them (not a journaled step: a pure function of
+        the training queries, rewritten only when its text would change, so the steps after it are not redone)."""
+        if scoring.queries is None:
+            return self.data / "queries.train.tsv"
+        path = self.work / f"queries.{scoring.topics}.tsv"
+        print(f"[queries-{scoring.topics}] {scoring.queries:,} training queries drawn at random (seed {scoring.seed}): "
+              f"{path}")
+        if not self.dry_run:
+            with open(self.data / "queries.train.tsv", encoding="utf-8") as queries:
+                lines = queries.readlines()
+            random.Random(scoring.seed).shuffle(lines)
+            text = "".join(line if line.endswith("\n") else line + "\n" for line in lines[:scoring.queries])
+            if not path.is_file() or path.read_text(encoding="utf-8") != text:
+                write_text_atomic(path, text)
+        return path
 
     def pretrain_compressor(self, start: str | None) -> None:
         output = self.model_dir("prettr-compressor")
@@ -177,26 +251,27 @@ class Pipeline:
                                 "--output", output, *(["--init", self.model_dir(start)] if start else [])],
                  done=output / "compressor_pretraining.json", seconds_from=_summary_seconds)
 
-    def scored_triples(self, teacher: Model) -> Path:
-        """Training triples scored by ``teacher``: its run over the training queries' BM25 top
-        :data:`TEACHER_DEPTH`, and negatives mined from that run with the teacher's scores."""
-        self.build_sidecar(teacher)
-        run = self.run_file(teacher.name, "train")
-        self.run(f"rerank-{teacher.name}-train", [
-            *PY, "pyserini_mores.search", "--index", self.index, "--topics", self.data / "queries.train.tsv",
-            *self.model_args(teacher), "--rerank-depth", str(TEACHER_DEPTH), "--hits", str(TEACHER_DEPTH),
-            "--precision", "bf16", "--output", run], done=run)
-        scored = self.work / f"triples.train.{teacher.name}.tsv"
-        self.run(f"negatives-{teacher.name}", [
-            *PY, "pyserini_mores.train", "mine-negatives", "--run", run, "--index", self.index,
-            "--topics", self.data / "queries.train.tsv", "--qrels", self.data / "qrels.train.txt",
-            "--negatives-per-query", str(TEACHER_NEGATIVES), "--depth", str(TEACHER_NEGATIVE_DEPTH),
-            "--teacher-scores", "--output", scored], done=scored)
-        return scored
+    def steps_override(self, model: Model) -> int | None:
+        """The ``--max-steps`` the row's training gets: the pipeline's, its short schedule's, or none (the
+        recipe's own schedule, with ``--full``)."""
+        return self.max_steps or (None if self.full else model.short_steps)
+
+    def schedule(self, model: Model) -> str:
+        """The training steps, where they come from, and the time they are expected to take."""
+        recipe_steps = read_recipe(model.recipe)["settings"]["max_steps"]
+        steps = self.steps_override(model) or recipe_steps
+        origin = ("--max-steps" if self.max_steps else "the recipe's" if steps == recipe_steps
+                  else f"short schedule; --full: the recipe's {recipe_steps:,}")
+        text = f"up to {steps:,} training steps ({origin})"
+        if model.seconds_per_step:
+            minutes = steps * model.seconds_per_step / 60
+            text += (f", ~{model.seconds_per_step:g} s/step on 2 AVX2 cores in fp32: "
+                     f"{f'~{minutes:.0f}' if minutes >= 1 else '<1'} min plus dev evaluations")
+        return text
 
     def train(self, model: Model, triples: Path) -> None:
         output = self.model_dir(model.name)
-        max_steps = self.max_steps or model.max_steps  # the pipeline's --max-steps overrides the row's
+        max_steps = self.steps_override(model)
         command = [*PY, "pyserini_mores.train", "train", "--recipe", model.recipe,
                    "--triples", triples, "--output", output,
                    "--dev-topics", self.data / "queries.dev.tsv", "--dev-qrels", self.data / "qrels.dev.txt",
@@ -207,22 +282,19 @@ class Pipeline:
         elif model.init_from:
             command += ["--init", self.model_dir(model.init_from)]
         self.run(f"train-{model.name}", command, done=output / "training_summary.json",
-                 seconds_from=_summary_seconds)
+                 seconds_from=_summary_seconds, note=self.schedule(model))
 
     def model_args(self, model: Model) -> list:
         return ["--reranker", model.reranker, "--model", self.model_dir(model.name), *model.rerank_args]
 
     def build_sidecar(self, model: Model) -> None:
-        if model.stores and not model.sidecar_first:
+        if model.stores and not model.sidecar_first and not model.sidecar_of:
             self.run(f"sidecar-{model.name}", [*PY, "pyserini_mores.sidecar", "build", "--index", self.index,
-                                               *self.model_args(model), "--precision", "bf16"])
+                                               *self.model_args(model), "--precision", PRECISION])
 
     def build_sidecar_of_start(self, model: Model) -> None:
         """The sidecar a ``sidecar_first`` row trains against: its starting model with the recipe's model arguments
         (what the stored vectors depend on), written where ``--doc-sidecar default`` and the search look for it."""
-        from pyserini_mores._model_args import format_model_arg
-        from pyserini_mores.train.recipes import read_recipe
-
         settings = read_recipe(model.recipe)["settings"]
         start = (self.model_dir("prettr-compressor") if model.needs_compressor else
                  self.model_dir(model.init_from) if model.init_from else settings["init"])
@@ -232,19 +304,19 @@ class Pipeline:
         self.run(f"sidecar-{model.name}", [*PY, "pyserini_mores.sidecar", "build", "--index", self.index,
                                            "--reranker", model.reranker, "--model", start,
                                            *(part for argument in arguments for part in ("--model-arg", argument)),
-                                           "--precision", "bf16"])
+                                           "--precision", PRECISION])
 
     def rerank(self, model: Model, split: str) -> None:
         self.run(f"rerank-{model.name}-{split}", [
             *PY, "pyserini_mores.search", "--index", self.index, "--topics", self.data / f"queries.{split}.tsv",
-            *self.model_args(model), "--rerank-depth", str(self.depth), "--hits", "1000", "--precision", "bf16",
+            *self.model_args(model), "--rerank-depth", str(self.depth), "--hits", "1000", "--precision", PRECISION,
             "--output", self.run_file(model.name, split)], done=self.run_file(model.name, split))  # written atomically
 
     def time_reranking(self, model: Model) -> None:
         """ms/query for 1000 BM25 candidates on the first test queries (the effectiveness runs use --depth)."""
         self.run(f"speed-{model.name}", [
             *PY, "pyserini_mores.search", "--index", self.index, "--topics", self.data / "queries.test.tsv",
-            *self.model_args(model), "--rerank-depth", "1000", "--hits", "1000", "--precision", "bf16",
+            *self.model_args(model), "--rerank-depth", "1000", "--hits", "1000", "--precision", PRECISION,
             "--max-queries", str(self.speed_queries)], capture=True)
 
     def table(self) -> str:
@@ -262,8 +334,7 @@ class Pipeline:
             self.run(f"eval-{split}", command, always=True)  # seconds; its runs may have changed since
             if not self.dry_run:
                 lines += self.format_table(split, json.loads(evaluation.read_text()))
-        total = sum(entry["seconds"] for entry in self.journal.values())
-        lines.append(f"\nPipeline time (sum of its steps, this machine): {total / 60:.0f} min")
+        lines.append(f"\nPipeline time (sum of its steps, this machine): {self.steps.total_seconds() / 60:.0f} min")
         text = "\n".join(lines) + "\n"
         if not self.dry_run:
             (self.work / "results.md").write_text(text)
@@ -273,9 +344,9 @@ class Pipeline:
         names = {str(self.run_file("bm25", split)): "BM25", **{
             str(self.run_file(m.name, split)): m.name for m in MODELS}}
         tests = evaluation.get("non_inferiority", {})
-        lines = [f"\n### debian-packages {split} ({len(next(iter(evaluation['runs'].values()))['per_query']['MRR@10'])}"
-                 f" queries; rerank depth {self.depth}; ms/query for 1000 candidates, bf16, median of "
-                 f"{self.speed_queries} queries)\n",
+        queries = len(next(iter(evaluation["runs"].values()))["per_query"]["MRR@10"])
+        lines = [f"\n### debian-packages {split} ({queries} queries; rerank depth {self.depth}; ms/query for 1000 "
+                 f"candidates, --precision {PRECISION}, median of {self.speed_queries} queries)\n",
                  "| model | MRR@10 | nDCG@10 | R@10 | ms/query (1000 cands) | bytes/doc | vs cross-encoder (2% / 5%) |",
                  "|---|---|---|---|---|---|---|"]
         for label, run in evaluation["runs"].items():
@@ -290,12 +361,12 @@ class Pipeline:
         return lines
 
     def speed(self, name: str) -> tuple[str, str]:
-        stdout = (self.journal.get(f"speed-{name}") or {}).get("stdout") or ""
+        stdout = self.steps.stdout(f"speed-{name}") or ""
         timing = re.search(r"median ([\d.]+) ms", stdout)
         sidecar = re.search(r"sidecar (\S+)", stdout)
         size = "—"
         if sidecar:
-            from pyserini_mores.sidecar import open_sidecar
+            from pyserini_mores.sidecar import open_sidecar  # torch-free, but only needed for the table
 
             with open_sidecar(sidecar.group(1)) as store:
                 size = f"{store.bytes_per_doc:,.0f}"
@@ -305,10 +376,7 @@ class Pipeline:
 def check_arguments(step: str, command: list) -> None:
     """Parse ``command``'s arguments with the real command's parser (and read any recipe it names), so that a dry
     run catches a bad flag or an unknown recipe without running anything."""
-    import argparse
-    import contextlib
-    import io
-
+    # The CLIs' parsers, imported only by a dry run (they pull in each command's module).
     module, args = command[2], [str(arg) for arg in command[3:]]
     if module == "pyserini_mores.train":
         from pyserini_mores.train.__main__ import build_parser
@@ -334,21 +402,27 @@ def check_arguments(step: str, command: list) -> None:
         message = errors.getvalue().strip().splitlines()[-1:] or ["(no message)"]
         raise SystemExit(f"[{step}] the command's arguments are rejected: {message[0]}") from None
     if getattr(parsed, "recipe", None):
-        from pyserini_mores.train.recipes import read_recipe
         try:
             read_recipe(parsed.recipe)
         except (FileNotFoundError, ValueError) as error:
             raise SystemExit(f"[{step}] {error}") from None
 
 
+def prerequisites(model: Model) -> set[str]:
+    """The rows ``model`` starts from (``init_from``), learns from (``teacher``) or reads the sidecar of
+    (``sidecar_of``): trained before it."""
+    return {name for name in (model.init_from, model.teacher, model.sidecar_of) if name}
+
+
 def with_prerequisites(models: list[Model]) -> list[Model]:
-    """``models`` plus every row one of them starts from (``init_from``) or learns from (``teacher``), in
-    :data:`MODELS` order so that those are trained before the models that need them."""
+    """``models`` plus the rows they need, and the rows those need (MORES 2×IB distilled brings MORES 2×IB, which
+    brings the cross-encoder), in :data:`MODELS` order so that those are trained before the models that need them."""
     names = {m.name for m in models}
-    names |= {m.init_from for m in models if m.init_from} | {m.teacher for m in models if m.teacher}
+    while needed := {name for m in MODELS if m.name in names for name in prerequisites(m)} - names:
+        names |= needed
     added = sorted(names - {m.name for m in models})
     if added:
-        needing = [m.name for m in models if m.init_from in added or m.teacher in added]
+        needing = [m.name for m in MODELS if m.name in names and prerequisites(m) & set(added)]
         print(f"also training {', '.join(added)}: {', '.join(needing)} start from it or learn from it")
     return [m for m in MODELS if m.name in names]
 
@@ -366,7 +440,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="query sets reranked for the table (default: test; dev is used during training)")
     parser.add_argument("--depth", type=int, default=100, help="BM25 candidates reranked per query for the table")
     parser.add_argument("--speed-queries", type=int, default=5, help="queries timed at 1000 candidates")
-    parser.add_argument("--max-steps", type=int, default=None, help="override every recipe's training steps")
+    schedule = parser.add_mutually_exclusive_group()
+    schedule.add_argument("--full", action="store_true",
+                          help="train every row with its recipe's own schedule (the shipped models' for the "
+                               "cross-encoder and MORES 2×IB) instead of the short one")
+    schedule.add_argument("--max-steps", type=int, default=None, help="every row's training steps")
     parser.add_argument("--dry-run", action="store_true", help="print the commands without running them")
     args = parser.parse_args(argv)
 
@@ -377,22 +455,19 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"error: {Path(args.data) / name} not found; --data must be the debian-packages folder")
     models = with_prerequisites([m for m in MODELS if m.name in args.models])
     pipeline = Pipeline(Path(args.data).resolve(), Path(args.work).resolve(), models, args.splits, args.depth,
-                        args.speed_queries, args.max_steps, args.dry_run)
-    (pipeline.work / "runs").mkdir(parents=True, exist_ok=True)
-    pipeline.load_journal()
+                        args.speed_queries, args.max_steps, args.full, args.dry_run)
+    if not args.dry_run:
+        (pipeline.work / "runs").mkdir(parents=True, exist_ok=True)
 
     pipeline.build_index()
     pipeline.bm25_runs()
-    pipeline.mine_negatives()
     by_name = {model.name: model for model in models}
-    for model in models:
+    for model in models:  # MODELS order: every teacher and starting point before the rows that need it
         if model.needs_compressor:
             pipeline.pretrain_compressor(model.init_from)
         if model.sidecar_first:
             pipeline.build_sidecar_of_start(model)
-        triples = (pipeline.scored_triples(by_name[model.teacher]) if model.teacher
-                   else pipeline.work / "triples.train.tsv")
-        pipeline.train(model, triples)
+        pipeline.train(model, pipeline.training_triples(model, by_name))
     for model in models:
         pipeline.build_sidecar(model)
         for split in args.splits:

@@ -13,9 +13,11 @@ before it runs, so it can be copied):
     eval      MRR@10, MRR, nDCG@10, MAP, R@k per topic set, with MORES's non-inferiority test vs the cross-encoder
     compare   the table against the papers' numbers (compare.py, paper_results.json)
 
-A command whose outputs exist (and are newer than its inputs) is skipped, so a rerun resumes; training resumes
-from its last checkpoint. ``--from STEP`` / ``--only STEP ...`` select steps; ``--dry-run`` prints every command
-and checks every input that can be checked offline::
+A journal (``OUTPUT_DIR/pipeline.json``, kept by ``integrations/steps.py``) records each finished command with its
+time; a rerun skips journaled commands, so it resumes (training from its last checkpoint), refuses to skip one whose
+command has changed since, and runs again one whose outputs have become older than its inputs. Outputs made before
+the journal are adopted when they exist and are newer than their inputs. ``--from STEP`` / ``--only STEP ...``
+select steps; ``--dry-run`` prints every command and checks every input that can be checked offline::
 
     python integrations/msmarco_passage/reproduce.py --output-dir runs/msmarco --dry-run
     python integrations/msmarco_passage/reproduce.py --output-dir runs/msmarco --triples triples.train.small.tsv
@@ -33,10 +35,15 @@ import io
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+if str(REPOSITORY) not in sys.path:  # run as a script: the repository root makes integrations/ importable
+    sys.path.append(str(REPOSITORY))
+
+from integrations.steps import StepFailed, StepRunner  # noqa: E402
 
 
 def _load_sibling(name: str):
@@ -76,6 +83,7 @@ BERT_BASE_HIDDEN = 768  # bert-base-uncased: the per-token width MORES S1 and Pr
 STORE_DTYPE_BYTES = 2  # the sidecar build's default float16
 TRAINED_MARKER = "training_summary.json"  # written by `train` after the final model
 SIDECAR_MARKER = "manifest.json"  # written last by `sidecar build`, before the atomic rename
+JOURNAL = "pipeline.json"  # under --output-dir
 
 
 @dataclass(frozen=True)
@@ -109,10 +117,11 @@ COMPRESSOR_RECIPE = "prettr-compressor-msmarco"
 class Command:
     """One subprocess of the pipeline. ``argv[0] == "python"`` stands for this interpreter."""
 
-    step: str
+    step: str  # the pipeline step (STEPS) it belongs to
+    name: str  # its entry in the journal, unique in the plan
     argv: list[str]
-    outputs: list[Path] = field(default_factory=list)  # all exist (and are newer than the inputs): done
-    inputs: list[Path] = field(default_factory=list)  # must exist when it runs
+    outputs: list[Path] = field(default_factory=list)  # existing (and newer than the inputs) before the journal: done
+    inputs: list[Path] = field(default_factory=list)  # must exist when it runs; newer than the outputs: run again
     always: bool = False  # never skipped (cheap, and its result depends on everything before)
 
     def display(self) -> str:
@@ -120,12 +129,6 @@ class Command:
 
     def executable(self) -> list[str]:
         return [sys.executable, *self.argv[1:]] if self.argv[0] == "python" else list(self.argv)
-
-    def done(self) -> bool:
-        if self.always or not self.outputs or not all(path.exists() for path in self.outputs):
-            return False
-        newest_input = max((path.stat().st_mtime for path in self.inputs if path.exists()), default=0.0)
-        return min(path.stat().st_mtime for path in self.outputs) >= newest_input
 
 
 # ---- the plan -------------------------------------------------------------------------------------------------------
@@ -173,13 +176,16 @@ def _helper(*args: str) -> list[str]:
 
 
 def _data_commands(options: argparse.Namespace, layout: Layout) -> list[Command]:
-    commands = [Command("data", _helper("fetch-qrels", TOPIC_SETS[key]["qrels"], str(layout.qrels(key))),
-                        [layout.qrels(key)]) for key in options.topic_sets]
+    commands = [Command("data", f"qrels-{key}", _helper("fetch-qrels", TOPIC_SETS[key]["qrels"],
+                                                        str(layout.qrels(key))), [layout.qrels(key)])
+                for key in options.topic_sets]
     if options.early_stopping_topics is None and any(_stops_early(name, options) for name in options.models):
         topics, qrels = early_stopping_files(options)
-        commands.append(Command("data", _helper("fetch-topics", TOPIC_SETS["dev"]["topics"], str(topics)), [topics]))
+        commands.append(Command("data", "topics-early-stopping",
+                                _helper("fetch-topics", TOPIC_SETS["dev"]["topics"], str(topics)), [topics]))
         if "dev" not in options.topic_sets:
-            commands.append(Command("data", _helper("fetch-qrels", TOPIC_SETS["dev"]["qrels"], str(qrels)), [qrels]))
+            commands.append(Command("data", "qrels-early-stopping",
+                                    _helper("fetch-qrels", TOPIC_SETS["dev"]["qrels"], str(qrels)), [qrels]))
     return commands
 
 
@@ -187,12 +193,12 @@ def _download_commands(options: argparse.Namespace) -> list[Command]:
     commands = []
     if options.triples is None:
         triples = triples_path(options)
-        commands.append(Command("download", _helper("download", TRIPLES_URL, "--member", TRIPLES_MEMBER,
-                                                     "--output", str(triples)), [triples]))
+        commands.append(Command("download", "download-triples", _helper(
+            "download", TRIPLES_URL, "--member", TRIPLES_MEMBER, "--output", str(triples)), [triples]))
     if options.glove is None and any(MODELS[name].glove for name in options.models):
         glove = glove_path(options)
-        commands.append(Command("download", _helper("download", GLOVE_URL, "--member", GLOVE_MEMBER,
-                                                     "--output", str(glove)), [glove]))
+        commands.append(Command("download", "download-glove", _helper(
+            "download", GLOVE_URL, "--member", GLOVE_MEMBER, "--output", str(glove)), [glove]))
     return commands
 
 
@@ -202,7 +208,8 @@ def _search(options: argparse.Namespace, topic_set: str, run: Path) -> list[str]
 
 
 def _bm25_commands(options: argparse.Namespace, layout: Layout) -> list[Command]:
-    return [Command("bm25", _search(options, key, layout.run("bm25", key)) + ["--threads", str(options.threads)],
+    return [Command("bm25", f"bm25-{key}",
+                    _search(options, key, layout.run("bm25", key)) + ["--threads", str(options.threads)],
                     [layout.run("bm25", key)]) for key in options.topic_sets]
 
 
@@ -213,7 +220,7 @@ def _train_commands(options: argparse.Namespace, layout: Layout) -> list[Command
         spec, init, inputs = MODELS[name], [], [triples]
         if spec.compressor:  # PreTTR's stage 1: the compressor alone, on unlabelled pairs
             compressor = layout.model(f"{name}-compressor")
-            commands.append(Command("train", [
+            commands.append(Command("train", f"train-{name}-compressor", [
                 "python", "-m", "pyserini_mores.train", "pretrain-compressor", "--recipe", options.compressor_recipe,
                 "--texts", str(triples), "--output", str(compressor), *device,
             ], [compressor / "model.safetensors"], [triples]))
@@ -229,21 +236,21 @@ def _train_commands(options: argparse.Namespace, layout: Layout) -> list[Command
             argv += ["--dev-topics", str(topics), "--dev-qrels", str(qrels), "--dev-index", options.index,
                      "--threads", str(options.threads)]
             inputs += [topics, qrels]
-        commands.append(Command("train", argv + device, [layout.model(name) / TRAINED_MARKER], inputs))
+        commands.append(Command("train", f"train-{name}", argv + device, [layout.model(name) / TRAINED_MARKER],
+                                inputs))
     return commands
 
 
 def _sidecar_commands(options: argparse.Namespace, layout: Layout) -> list[Command]:
     commands = []
     for name in stored_models(options):
-        command = Command("sidecar", [
-            "python", "-m", "pyserini_mores.sidecar", "build", "--index", options.index,
-            "--reranker", MODELS[name].reranker, "--model", str(layout.model(name)), *_store_args(name, options),
-            "--output", str(layout.sidecar(name)),
-        ], [layout.sidecar(name) / SIDECAR_MARKER], [layout.model(name) / TRAINED_MARKER])
-        if command.outputs[0].exists() and not command.done():  # the model was retrained after this sidecar
-            command.argv.append("--overwrite")
-        commands.append(command)
+        # --overwrite: the runner builds a sidecar where one exists only when the model was retrained after it (one
+        # command line whatever is on disk, so that the journal sees the same command on every run)
+        argv = ["python", "-m", "pyserini_mores.sidecar", "build", "--index", options.index,
+                "--reranker", MODELS[name].reranker, "--model", str(layout.model(name)), *_store_args(name, options),
+                "--output", str(layout.sidecar(name)), "--overwrite"]
+        commands.append(Command("sidecar", f"sidecar-{name}", argv, [layout.sidecar(name) / SIDECAR_MARKER],
+                                [layout.model(name) / TRAINED_MARKER]))
     return commands
 
 
@@ -258,8 +265,8 @@ def _rerank_commands(options: argparse.Namespace, layout: Layout) -> list[Comman
                 "--model", str(layout.model(name)), *_store_args(name, options)]
             if stored:
                 argv += ["--sidecar", str(layout.sidecar(name))]
-            commands.append(Command("rerank", argv + ["--threads", str(options.threads)], [layout.run(name, key)],
-                                    inputs))
+            commands.append(Command("rerank", f"rerank-{name}-{key}", argv + ["--threads", str(options.threads)],
+                                    [layout.run(name, key)], inputs))
     return commands
 
 
@@ -273,7 +280,7 @@ def _eval_commands(options: argparse.Namespace, layout: Layout) -> list[Command]
             argv += ["--baseline", str(layout.run("cross-encoder", key))]
         argv += ["--metrics", *comparison.EVAL_METRICS, "--relevance-level", str(TOPIC_SETS[key]["relevance_level"]),
                  "--json", str(result)]
-        commands.append(Command("eval", argv, [result], [layout.qrels(key), *runs]))
+        commands.append(Command("eval", f"eval-{key}", argv, [result], [layout.qrels(key), *runs]))
     return commands
 
 
@@ -282,7 +289,7 @@ def _compare_command(options: argparse.Namespace, layout: Layout) -> Command:
     argv = ["python", _script("compare.py"), "--results-dir", str(layout.out), "--output", str(report)]
     for tolerance in options.tolerance:
         argv += ["--tolerance", tolerance]
-    return Command("compare", argv, [report], always=True)
+    return Command("compare", "compare", argv, [report], always=True)
 
 
 def triples_path(options: argparse.Namespace) -> Path:
@@ -348,14 +355,15 @@ class CheckReport:
                 print(f"  {label}: {item}")
 
 
-def check_plan(options: argparse.Namespace, commands: list[Command], steps: list[str]) -> CheckReport:
+def check_plan(options: argparse.Namespace, commands: list[Command], steps: list[str],
+               runner: StepRunner) -> CheckReport:
     """Everything that can be checked without the network, without running anything."""
     report = CheckReport()
     _check_recipes(options, report)
     _check_arguments([command for command in commands if command.step in steps], report)
     _check_output_dir(Path(options.output_dir), report)
     _check_given_files(options, report)
-    _check_inputs(options, commands, steps, report)
+    _check_inputs(options, commands, steps, runner, report)
     num_docs = _check_pyserini_names(options, report)
     _check_disk(options, steps, num_docs, report)
     _check_hardware(steps, report)
@@ -508,14 +516,15 @@ def _check_given_files(options: argparse.Namespace, report: CheckReport) -> None
                                 "if you have triples.train.small.tsv, pass --triples PATH")
 
 
-def _check_inputs(options: argparse.Namespace, commands: list[Command], steps: list[str],
+def _check_inputs(options: argparse.Namespace, commands: list[Command], steps: list[str], runner: StepRunner,
                   report: CheckReport) -> None:
-    """With --only/--from, what the skipped steps would have made must already exist."""
+    """With --only/--from, what the skipped steps would have made must already exist (for the commands that will
+    run: a finished one may have had its inputs deleted since, the triples to free their 27 GB say)."""
     made = {path for command in commands if command.step in steps for path in command.outputs}
     given = {Path(value) for value in (options.triples, options.glove, options.early_stopping_topics,
                                        options.early_stopping_qrels) if value is not None}  # checked on their own
     for command in commands:
-        if command.step not in steps:
+        if command.step not in steps or done(runner, command):
             continue
         for path in command.inputs:
             if path not in made and path not in given and not path.exists():
@@ -667,33 +676,35 @@ def _check_backbones(options: argparse.Namespace, report: CheckReport) -> None:
 
 # ---- running -------------------------------------------------------------------------------------------------------
 
-def print_plan(commands: list[Command], steps: list[str]) -> None:
+def done(runner: StepRunner, command: Command) -> bool:
+    return not command.always and runner.finished(command.name, command.outputs, command.inputs)
+
+
+def print_plan(commands: list[Command], steps: list[str], runner: StepRunner) -> None:
     for step in steps:
         selected = [command for command in commands if command.step == step]
         if not selected:
             continue
         print(f"\n[{step}] {STEP_TITLES[step]}")
         for command in selected:
-            note = f"    # done: {command.outputs[0]} exists, skipped" if command.done() else ""
+            note = f"    # done ({command.name}), skipped" if done(runner, command) else ""
             print(f"  $ {command.display()}{note}")
 
 
-def execute(commands: list[Command], steps: list[str]) -> int:
+def execute(commands: list[Command], steps: list[str], runner: StepRunner) -> int:
     for command in commands:
         if command.step not in steps:
             continue
-        if command.done():
-            print(f"# skip (done, {command.outputs[0]} exists): {command.display()}", flush=True)
-            continue
-        print(f"$ {command.display()}", flush=True)
-        code = subprocess.call(command.executable())
-        if code != 0:
+        try:
+            runner.run(command.name, command.executable(), display=command.display(), outputs=command.outputs,
+                       inputs=command.inputs, always=command.always)
+        except StepFailed as failure:
             if command.step == "compare":
                 print("some numbers are outside the tolerance (see the table above)", file=sys.stderr)
             else:
-                print(f"error: step {command.step} failed (exit code {code}) in the command above; fix the cause "
-                      "and run the same command line again: finished commands are skipped", file=sys.stderr)
-            return code
+                print(f"error: step {command.step} failed (exit code {failure.returncode}) in the command above; fix "
+                      "the cause and run the same command line again: finished commands are skipped", file=sys.stderr)
+            return failure.returncode
     return 0
 
 
@@ -757,23 +768,24 @@ def parse_options(argv: list[str]) -> argparse.Namespace:
 def run_pipeline(options: argparse.Namespace) -> int:
     commands = build_plan(options)
     steps = selected_steps(options)
+    runner = StepRunner(Path(options.output_dir) / JOURNAL, dry_run=options.dry_run)
     print(f"MS MARCO passage reproduction{' plan (dry run)' if options.dry_run else ''} in {options.output_dir}: "
           f"models {', '.join(options.models)}; topic sets {', '.join(options.topic_sets)}; steps {', '.join(steps)}")
-    print_plan(commands, steps)
-    report = check_plan(options, commands, steps)
+    print_plan(commands, steps, runner)
+    report = check_plan(options, commands, steps, runner)
     report.print()
     if report.errors:
         print(f"\n{len(report.errors)} problem(s) found (ERROR above); nothing was run.", file=sys.stderr)
         return 1
     if options.dry_run:
-        pending = sum(1 for command in commands if command.step in steps and not command.done())
+        pending = sum(1 for command in commands if command.step in steps and not done(runner, command))
         print(f"\nDry run OK: {pending} command(s) to run"
               + (f"; {len(report.unchecked)} input(s) need the network and could not be checked offline (listed "
                  "above)" if report.unchecked else "") + ".")
         return 0
     print()
     Path(options.output_dir).mkdir(parents=True, exist_ok=True)
-    return execute(commands, steps)
+    return execute(commands, steps, runner)
 
 
 # ---- helpers the pipeline calls -------------------------------------------------------------------------------------

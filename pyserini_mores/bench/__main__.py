@@ -5,18 +5,23 @@ each model at the same dims — the cross-encoder, MORES 1×IB/2×IB with Reuse-
 without compression (e = 128) and at l = L−1 with its last layer's keys and values stored, TK-2 ctx/online — writes
 each precomputing model's sidecar to a temporary directory (fp16, real files, random rows of the exact stored shape),
 and times ModelReranker.rerank on one query of 16 tokens against 1000 candidates (query encoding, sidecar reads,
-scoring, sorting): median of the timed repetitions after warm-up. It reports the speed-up over the cross-encoder,
-sidecar bytes per document, peak RSS, achieved GFLOP/s from an analytic FLOP count (pyserini_mores.bench.flops)
-against the fp32/bf16 GEMM peak measured in the same run, and the FLOP-ratio limit of each speed-up. Runs that would exceed --max-rep-seconds are timed on fewer candidates and
-scaled linearly (marked * in the table, "extrapolated_from" in the JSON).
+scoring, sorting): median of the timed repetitions after warm-up. Beside the cross-encoder, on its weights, the same
+pairs and token counts, precision and threads, it times the cross-encoders a user could run instead (--baselines):
+Hugging Face BertForSequenceClassification with sdpa attention and sentence-transformers CrossEncoder. It reports
+the speed-up over the fastest of the three cross-encoders, sidecar bytes per document, peak RSS, achieved GFLOP/s
+from an analytic FLOP count (pyserini_mores.bench.flops) against the fp32/bf16 GEMM peak measured in the same run,
+the FLOP-ratio limit of each speed-up, and the machine's capability (PyTorch's CPU capability, native bf16 or not,
+the GPU). Runs that would exceed --max-rep-seconds are timed on fewer candidates and scaled linearly (marked * in the
+table, "extrapolated_from" in the JSON).
 
 Example:
   python -m pyserini_mores.bench --quick --json bench.json --plot bench.png
   python -m pyserini_mores.bench --backbones bert-base --doc-lens 128 --models cross-encoder mores:2xIB-s2 \\
       --precision bf16 --json bench-bert.json
+  python -m pyserini_mores.bench --quick --device cuda --json bench-gpu.json
 
-The full default run (both backbones, d = 128 and 512, both precisions: 88 measurements) takes roughly an hour on
-2 cores; each run is capped by --max-rep-seconds, so its length depends little on how slow the slowest model is.
+The full run with both precisions (both backbones, d = 128 and 512, --precision both: 88 measurements) takes
+roughly an hour on 2 cores; each run is capped by --max-rep-seconds, so its length depends little on how slow the slowest model is.
 On a machine shared with other work, --threads 1 gives much steadier timings.
 """
 from __future__ import annotations
@@ -25,7 +30,12 @@ import argparse
 import logging
 import sys
 
+from .._cli import device_name, run_parsed, setup_logging
+
 logger = logging.getLogger(__name__)
+
+#: the baselines' names (pyserini_mores.bench.baselines.BASELINES), here so that --help need not import torch
+BASELINES = ("hf-bert-sdpa", "st-crossencoder")
 
 QUICK = {"backbones": ["minilm"], "doc_lens": [128], "repetitions": 3, "max_rep_seconds": 2.0}
 FULL = {"backbones": ["bert-base", "minilm"], "doc_lens": [128, 512], "repetitions": 5, "max_rep_seconds": 10.0}
@@ -44,17 +54,26 @@ def define_bench_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--candidates", type=int, default=1000, help="candidates per query (default: 1000)")
     parser.add_argument("--repetitions", type=int, default=None,
                         help="timed repetitions after warm-up, the median is reported (default: 5; --quick: 3)")
-    parser.add_argument("--precision", nargs="+", choices=["fp32", "bf16", "bf16-copy", "bf16-autocast", "both"],
-                        default=["both"],
-                        help="compute precision(s): fp32, bf16 (as --precision bf16 of the search CLI: weights cast "
-                             "to bf16 once, or autocast alone for MORES), bf16-copy / bf16-autocast (force one of "
-                             "those two paths, to time them side by side), both (= fp32 bf16; the default)")
+    parser.add_argument("--precision", nargs="+",
+                        choices=["auto", "fp32", "bf16", "bf16-copy", "bf16-autocast", "both"], default=["auto"],
+                        help="compute precision(s): auto (the default: bf16 where the device runs it natively, fp32 "
+                             "elsewhere, as the search CLI chooses), fp32, bf16 (as --precision bf16 of the search "
+                             "CLI: weights cast to bf16 once, or autocast alone for MORES), bf16-copy / bf16-autocast "
+                             "(force one of those two paths, to time them side by side), both (= fp32 bf16)")
     parser.add_argument("--batch-size", type=int, default=250,
                         help="candidates per model batch, the same for every model (ModelReranker's default: 250)")
     parser.add_argument("--max-rep-seconds", type=float, default=None, metavar="S",
                         help="time a run on fewer candidates and scale linearly when all of them would take longer "
                              "than this; 0 = never (default: 10; --quick: 2)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--device", type=device_name, default="auto", metavar="{auto,cpu,cuda,cuda:N}",
+                        help="where the models compute (and the GEMM peak is measured); auto (default): cuda when "
+                             "torch.cuda.is_available(), else cpu")
+    parser.add_argument("--baselines", nargs="+", choices=[*BASELINES, "none"], default=list(BASELINES),
+                        metavar="NAME",
+                        help="cross-encoders timed beside the project's, on its weights, whenever it is measured: "
+                             f"{', '.join(BASELINES)} (Hugging Face BertForSequenceClassification with sdpa "
+                             "attention, sentence-transformers CrossEncoder), or none (default: both)")
     parser.add_argument("--codec", choices=["fp16", "sq8", "sq6", "sq4", "pq"], default="fp16",
                         help="sidecar codec of the precomputing models: fp16 vectors, or a faiss codec trained on the "
                              "random rows and decoded at read time (default: fp16)")
@@ -88,7 +107,7 @@ def config_from_args(args: argparse.Namespace):
         doc_lens=args.doc_lens or defaults["doc_lens"],
         models=args.models,
         precisions=list(dict.fromkeys(p for value in args.precision
-                                      for p in (["fp32", "bf16"] if value == "both" else [value]))),
+                                      for p in _precisions(value, args.device))),
         candidates=args.candidates,
         query_len=args.query_len,
         repetitions=args.repetitions or defaults["repetitions"],
@@ -100,12 +119,24 @@ def config_from_args(args: argparse.Namespace):
         work_dir=args.work_dir or default_work_dir(),
         seed=args.seed,
         peak_sizes=tuple(args.peak_sizes),
+        baselines=[name for name in args.baselines if name != "none"],
+        device=args.device,
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    from .._cli import run_parsed
+def _precisions(value: str, device: str) -> list[str]:
+    """The precisions one ``--precision`` value measures; ``auto`` is what the search CLI would choose on ``device``
+    (emulated bf16 is ~20x slower than fp32: timing it by default would mostly measure the emulation)."""
+    if value == "both":
+        return ["fp32", "bf16"]
+    if value == "auto":
+        from ..precision import resolve_device, resolve_precision
 
+        return [resolve_precision("auto", resolve_device(device))]
+    return [value]
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pyserini_mores.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     define_bench_args(parser)
@@ -113,8 +144,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_bench(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] | None) -> int:
-    from .._cli import setup_logging
-
     setup_logging(args.verbose)
     try:
         config = config_from_args(args)

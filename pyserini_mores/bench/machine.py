@@ -42,30 +42,57 @@ def cpu_flags() -> list[str]:
     return []
 
 
-def measure_gemm_peak(dtype_name: str, sizes=DEFAULT_PEAK_SIZES, repetitions: int = 5) -> dict:
-    """GFLOP/s of square ``N×N @ N×N`` matmuls (``2·N³`` FLOPs) in ``dtype_name`` (``fp32``/``bf16``), median of
-    ``repetitions`` after one warm-up per size; ``peak_gflops`` is the best size's median."""
+def measure_gemm_peak(dtype_name: str, sizes=DEFAULT_PEAK_SIZES, repetitions: int = 5, device="cpu") -> dict:
+    """GFLOP/s of square ``N×N @ N×N`` matmuls (``2·N³`` FLOPs) in ``dtype_name`` (``fp32``/``bf16``) on ``device``,
+    median of ``repetitions`` after one warm-up per size; ``peak_gflops`` is the best size's median."""
     import torch
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
+    device = torch.device(device)
+    # a GPU runs matmuls asynchronously: wait for each before reading the clock
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     per_size = {}
     generator = torch.Generator().manual_seed(0)
     with torch.inference_mode():
         for size in sizes:
-            a = torch.randn(size, size, generator=generator).to(dtype)
-            b = torch.randn(size, size, generator=generator).to(dtype)
+            a = torch.randn(size, size, generator=generator).to(device, dtype)
+            b = torch.randn(size, size, generator=generator).to(device, dtype)
             torch.mm(a, b)
+            synchronize()
             times = []
             for _ in range(repetitions):
                 start = time.perf_counter()
                 torch.mm(a, b)
+                synchronize()
                 times.append(time.perf_counter() - start)
             per_size[str(size)] = 2 * size ** 3 / statistics.median(times) / 1e9
     return {"peak_gflops": max(per_size.values()), "gflops_by_size": per_size, "repetitions": repetitions}
 
 
-def machine_info(peaks: dict[str, dict]) -> dict:
-    """The JSON ``machine`` object (``peaks``: :func:`measure_gemm_peak` results by precision)."""
+def capability(device="cpu") -> dict:
+    """What decides which kernels run and how fast bf16 is: PyTorch's CPU vector capability (``AVX2``, ``AVX512``,
+    ...), whether oneDNN has bf16 kernels, the package's verdict on native bf16 for ``device`` and its reason, and
+    the GPU's name when ``device`` is one. The same code gives different speed-ups on different hardware, so every
+    report carries this."""
+    import torch
+
+    from ..precision import bf16_support
+
+    device = torch.device(device)
+    support = bf16_support(device)
+    return {
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "mkldnn_bf16_supported": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+        "device": str(device),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "bf16_native": support.native,
+        "bf16_reason": support.reason,
+    }
+
+
+def machine_info(peaks: dict[str, dict], device="cpu") -> dict:
+    """The JSON ``machine`` object (``peaks``: :func:`measure_gemm_peak` results by precision, measured on
+    ``device``; its :func:`capability` included)."""
     import torch
 
     try:
@@ -83,6 +110,7 @@ def machine_info(peaks: dict[str, dict]) -> dict:
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        **capability(device),
     }
     for precision, peak in peaks.items():
         info[f"peak_gflops_{precision}"] = round(peak["peak_gflops"], 2)
@@ -118,20 +146,5 @@ def peak_rss_mb() -> float:
     return kib / 1024.0
 
 
-def drop_page_cache(paths) -> None:
-    """Ask the kernel to evict ``paths`` from the page cache (clean, unmapped pages only; no root needed)."""
-    for path in paths:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        except (OSError, AttributeError):
-            pass
-        finally:
-            os.close(fd)
-
-
-__all__ = ["cpu_model", "cpu_flags", "measure_gemm_peak", "machine_info", "release_memory", "reset_peak_rss",
-           "peak_rss_mb", "drop_page_cache"]
+__all__ = ["cpu_model", "cpu_flags", "measure_gemm_peak", "capability", "machine_info", "release_memory",
+           "reset_peak_rss", "peak_rss_mb"]

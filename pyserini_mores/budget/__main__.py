@@ -25,9 +25,9 @@ import argparse
 import logging
 import sys
 
-from .._cli import parse_model_args, run_parsed, setup_logging
+from .._cli import device_name, parse_model_args, run_parsed, setup_logging
 from ..formats import write_run
-from ..precision import PRECISION_CHOICES
+from ..precision import PRECISION_CHOICES, resolve_device
 from ..search.__main__ import load_qrels, load_topics
 from .sweep import format_markdown, parse_reranker_specs, run_sweep, write_outputs
 
@@ -53,6 +53,9 @@ def define_budget_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", choices=PRECISION_CHOICES, default="auto",
                         help="compute precision of the learned rerankers (auto: bf16 where the hardware runs it "
                              "natively, fp32 elsewhere)")
+    parser.add_argument("--device", type=device_name, default="auto", metavar="{auto,cpu,cuda,cuda:N}",
+                        help="where the learned rerankers compute; auto (default): cuda when "
+                             "torch.cuda.is_available(), else cpu")
     parser.add_argument("--rerank-depth", type=int, default=1000, help="the deepest rerank depth a budget can buy")
     parser.add_argument("--rerank-batch-size", type=int, default=250, help="candidates scored per model batch")
     parser.add_argument("--hits", type=int, default=100, help="hits per query kept for evaluation")
@@ -63,6 +66,9 @@ def define_budget_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--torch-threads", type=int, default=None, metavar="N",
                         help="torch intra-op threads for the rerankers (default: torch's; part of the calibration "
                              "key). On a machine shared with other work, 1 gives steadier timings")
+    parser.add_argument("--cold-cache", action="store_true",
+                        help="evict each learned reranker's sidecar from the page cache before every query, so that "
+                             "its reads come from storage (default: warm, as after earlier queries)")
     parser.add_argument("--max-queries", type=int, default=None, help="only the first N topics")
     parser.add_argument("--recalibrate", action="store_true",
                         help="measure every reranker's cost again instead of using the cached calibration")
@@ -101,6 +107,8 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     if embedded != (args.topics is None) or (args.index is None) != (args.qrels is None):
         raise ValueError("--index, --topics and --qrels go together (give none to sweep the embedded sample)")
     specs = parse_reranker_specs(args.rerankers, parse_scoped_model_args(args.model_arg))
+    if any(spec.name != "bm25" for spec in specs):
+        resolve_device(args.device)  # a GPU that is not there fails now, before the sample, index or models load
     sample = None
     if embedded:
         from ..search.sample import prepare_sample
@@ -123,15 +131,16 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
         for spec in specs:
             searchers[spec.display] = open_searcher_for(
                 spec, index, sample, k1=args.k1, b=args.b, rerank_depth=args.rerank_depth,
-                batch_size=args.rerank_batch_size, precision=args.precision)
+                batch_size=args.rerank_batch_size, precision=args.precision, device=args.device)
         first = next(iter(searchers.values()))
         print(f"Index: {first.index.path} ({first.num_docs} documents), {len(topics)} queries; rerankers: "
               f"{', '.join(searchers)}; budgets (ms): {' '.join(f'{b:g}' for b in args.budgets)}")
         settings = {"command": "python -m pyserini_mores.budget " + " ".join(sys.argv[1:] if argv is None else argv),
                     "index": str(first.index.path), "topics": topics_arg, "qrels": qrels_arg,
                     "queries": len(topics), "rerank_depth": args.rerank_depth, "hits": args.hits,
-                    "precision": args.precision, "rerank_batch_size": args.rerank_batch_size,
-                    "torch_threads": _torch_threads(),
+                    "precision": args.precision, "device": args.device,
+                    "rerank_batch_size": args.rerank_batch_size,
+                    "torch_threads": _torch_threads(), "cold_cache": args.cold_cache,
                     "rerankers": {label: {"name": spec.name, "model": spec.model, "overrides": spec.overrides,
                                           "sidecar": str(searchers[label].sidecar_path or "")}
                                   for label, spec in zip(searchers, specs)},
@@ -139,7 +148,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
                              "sorting); BM25 excluded"}
         result = run_sweep(searchers, topics, qrels, args.budgets, hits=args.hits, batch_size=args.batch_size,
                            threads=args.threads, recalibrate=args.recalibrate, keep_runs=args.save_runs,
-                           settings=settings)
+                           cold_cache=args.cold_cache, settings=settings)
     finally:
         for searcher in searchers.values():
             searcher.close()
@@ -158,15 +167,16 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
 
 
 def open_searcher_for(spec, index, sample, *, k1: float | None, b: float | None, rerank_depth: int,
-                      batch_size: int, precision: str):
+                      batch_size: int, precision: str, device: str = "auto"):
     """A :class:`RerankingSearcher` for one spec; learned rerankers must find their sidecar (built on first use for
-    the embedded sample). ``batch_size`` and ``precision`` are the learned rerankers'."""
+    the embedded sample). ``batch_size``, ``precision`` and ``device`` are the learned rerankers'."""
     from ..search.sample import sample_searcher
     from ..search.searcher import RerankingSearcher
 
     kwargs = {}
     if spec.name != "bm25":
-        kwargs = {"model": spec.model, "batch_size": batch_size, "precision": precision, **spec.overrides}
+        kwargs = {"model": spec.model, "batch_size": batch_size, "precision": precision, "device": device,
+                  **spec.overrides}
     if sample is not None:
         return sample_searcher(sample, spec.name, k1=k1, b=b, rerank_depth=rerank_depth, **kwargs)
     return RerankingSearcher(index, spec.name, k1=k1, b=b, rerank_depth=rerank_depth, require_sidecar=True,

@@ -118,13 +118,15 @@ def _json_number(value: float) -> float | str:
 
 def run_sweep(searchers: dict[str, Any], topics: dict[str, str], qrels: dict[str, dict[str, int]],
               budgets: Sequence[float], *, hits: int = 100, batch_size: int = 16, threads: int = 1,
-              recalibrate: bool = False, keep_runs: bool = False, progress: bool = True,
+              recalibrate: bool = False, keep_runs: bool = False, progress: bool = True, cold_cache: bool = False,
               settings: dict[str, Any] | None = None) -> SweepResult:
     """Rerank ``topics`` with every searcher (label → :class:`~pyserini_mores.search.RerankingSearcher`) under
     every budget (ms per query, rerank stage only) and evaluate against ``qrels``.
 
     Each searcher is calibrated once (from the cache unless ``recalibrate``) before any query is timed; every
     query goes through :meth:`~pyserini_mores.search.RerankingSearcher.rerank_hits` with each budget in turn.
+    ``cold_cache``: every rerank starts with the sidecar evicted from the page cache, as a query whose candidates
+    no earlier query read, and the calibration is measured so too.
     """
     if not searchers:
         raise ValueError("no rerankers to sweep")
@@ -137,7 +139,7 @@ def run_sweep(searchers: dict[str, Any], topics: dict[str, str], qrels: dict[str
         raise ValueError("none of the topics has a relevant document in the qrels")
     calibrations = {}
     for label, searcher in searchers.items():
-        calibrations[label] = searcher.calibrate(recalibrate=recalibrate)
+        calibrations[label] = searcher.calibrate(recalibrate=recalibrate, cold_cache=cold_cache)
         logger.info("%s: %s", label, calibrations[label].describe())
 
     configs = [(label, budget) for label in searchers for budget in budgets]
@@ -156,6 +158,8 @@ def run_sweep(searchers: dict[str, Any], topics: dict[str, str], qrels: dict[str
             # Plain Python hits, shared by every configuration (the reranking never mutates its input hits).
             candidates = texts_to_hits(hits_to_texts(first_stage.get(qid, [])))
             for label, budget in configs:
+                if cold_cache:
+                    _evict_sidecar(searchers[label])
                 ranked, stats = searchers[label].rerank_hits(topics[qid], candidates, time_budget_ms=budget)
                 results[label, budget][qid] = ranked[:hits]
                 depths[label, budget].append(stats.depth)
@@ -185,6 +189,12 @@ def run_sweep(searchers: dict[str, Any], topics: dict[str, str], qrels: dict[str
             queries=len(chosen),
         ))
     return SweepResult(rows, calibrations, dict(settings or {}), results if keep_runs else {})
+
+
+def _evict_sidecar(searcher) -> None:
+    sidecar = getattr(searcher.reranker, "sidecar", None)
+    if sidecar is not None:
+        sidecar.evict_from_page_cache()
 
 
 def _percentile(values: Sequence[float], fraction: float) -> float:

@@ -36,7 +36,7 @@ def define_explain_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rerank-depth", type=int, default=10,
                         help="BM25 hits the reranker orders to find the top N and to rank the documents (default 10)")
     parser.add_argument("--output", required=True, help="folder for the figures, explanation.json and index.html")
-    define_model_args(parser, default_reranker=None)
+    define_model_args(parser, default_reranker=None, device=True)
     parser.add_argument("--sidecar", default=None, help="sidecar directory (default: beside the index, if built)")
     parser.add_argument("--heads", default="mean",
                         help="attention heads to average: 'mean' (all) or 0-based numbers such as 0,3")
@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_explain(args: argparse.Namespace) -> int:
     from .._cli import parse_model_args
     from ..index import fetch_texts
+    from ..precision import resolve_device
     from ..search.searcher import RerankingSearcher
     from ..types import Query, Text
     from ._explainers import EXPLAINERS, explain_documents
@@ -73,6 +74,7 @@ def run_explain(args: argparse.Namespace) -> int:
     docids = [docid for group in args.docid for docid in group] if args.docid else None
     top = args.top or DEFAULT_TOP
     depth = max(args.rerank_depth, 0 if docids else top)
+    resolve_device(args.device)  # a GPU that is not there fails now, before the sample, index or model loads
 
     index = args.index
     if index is None:
@@ -83,7 +85,7 @@ def run_explain(args: argparse.Namespace) -> int:
         print(f"Embedded sample: {sample.cache}")
     searcher = RerankingSearcher(index, args.reranker, k1=args.k1, b=args.b, rerank_depth=depth,
                                  sidecar=args.sidecar or "auto", model=args.model, precision=args.precision,
-                                 **parse_model_args(args.model_arg))
+                                 device=args.device, **parse_model_args(args.model_arg))
     try:
         reranker = searcher.reranker
         if getattr(reranker, "model", None) is None or reranker.model.model_type not in EXPLAINERS:
@@ -99,6 +101,9 @@ def run_explain(args: argparse.Namespace) -> int:
         texts = fetch_texts(searcher.searcher, docids)
         candidates = [Text(text=text, metadata={"docid": docid}) for docid, text in zip(docids, texts)]
         scored = reranker.rescore(Query(args.query), candidates)
+        # The explainers build their inputs and read the maps on the CPU: the documents were scored on the device,
+        # the few of one query are explained on the CPU (a no-op where the device is the CPU).
+        reranker.model.to("cpu")
         documents = [DocumentExplanation(docid=docid, text=text, score=candidate.score,
                                          rank=ranks.get(docid, (None,))[0],
                                          bm25_rank=bm25.get(docid, (None, None))[0],

@@ -90,12 +90,28 @@ class CrossEncoder(RankingModel):
 
     def forward_logits(self, query_batch: dict, doc_batch: dict) -> torch.Tensor:
         """``[B, num_labels]`` head logits of aligned pairs (what :func:`.losses.pointwise_cross_entropy` takes)."""
-        input_ids, attention_mask, token_type_ids = join_pairs(
-            query_batch["input_ids"], query_batch["attention_mask"],
-            doc_batch["input_ids"], doc_batch["attention_mask"],
-            pad_token_id=self.tokenizer.pad_token_id or 0, cls_token_id=self.tokenizer.cls_token_id,
-        )
-        return self.logits(input_ids, attention_mask, token_type_ids)
+        return self.logits(*self._join(query_batch, doc_batch))
+
+    def hidden_states(self, query_batch: dict, doc_batch: dict, last: int) -> list[torch.Tensor]:
+        """The states ``[B, T, n]`` of the joined pairs ``[CLS] q [SEP] d [SEP]`` after each of the ``last`` top
+        layers, every row (as Hugging Face's ``output_hidden_states``; :meth:`logits` computes only [CLS] in the
+        last layer): what hidden-state distillation pulls a student's query rows towards."""
+        if not 1 <= last <= len(self.encoder.layers):
+            raise ValueError(f"last must be between 1 and the {len(self.encoder.layers)} layers, not {last}")
+        input_ids, attention_mask, token_type_ids = self._join(query_batch, doc_batch)
+        encoder, mask = self.encoder, attention_mask_from_ids(attention_mask)
+        first = len(encoder.layers) - last
+        x = encoder.run_layers(encoder.embeddings(input_ids, token_type_ids), mask, 0, first)
+        states = []
+        for index in range(first, len(encoder.layers)):
+            x = encoder.run_layers(x, mask, index, index + 1)
+            states.append(x)
+        return states
+
+    def _join(self, query_batch: dict, doc_batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return join_pairs(query_batch["input_ids"], query_batch["attention_mask"], doc_batch["input_ids"],
+                          doc_batch["attention_mask"], pad_token_id=self.tokenizer.pad_token_id or 0,
+                          cls_token_id=self.tokenizer.cls_token_id)
 
     def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                token_type_ids: torch.Tensor) -> torch.Tensor:

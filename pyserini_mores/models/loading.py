@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from torch import nn
 
+from ._layers import BertDims
 from .backbones import DEFAULT_BACKBONE, OFFLINE_MINILM_NAMES, load_backbone
 from .base import CONFIG_NAME, RankingModel
 from .delta import is_delta_checkpoint, load_delta
@@ -77,32 +79,61 @@ def trained_ranker(name_or_path: str | os.PathLike, model_types: tuple[str, ...]
     return load_model(stored_type, name_or_path)
 
 
-def backbone_weights(name_or_path: str | os.PathLike):
-    """``(BertDims, state_dict, tokenizer)`` of a BERT-architecture checkpoint (:func:`.backbones.load_backbone`),
-    or of the encoder of one of our trained cross-encoder or MaxSim checkpoints (see :func:`trained_ranker`).
+@dataclass(frozen=True)
+class BackboneCheckpoint:
+    """A backbone loaded once, with everything a model built from it takes (:func:`load_backbone_checkpoint`).
+
+    Attributes:
+        name: the name or path it was loaded from.
+        dims: its BERT dims.
+        state_dict: its BERT weights (HF names, or our encoder's when ``ranker`` is set).
+        tokenizer: its tokenizer.
+        ranker: the trained cross-encoder or MaxSim model whose encoder it is (:func:`trained_ranker`), else ``None``.
+    """
+
+    name: str
+    dims: BertDims
+    state_dict: dict
+    tokenizer: object
+    ranker: RankingModel | None = None
+
+
+def load_backbone_checkpoint(name_or_path: str | os.PathLike) -> BackboneCheckpoint:
+    """A BERT-architecture checkpoint (:func:`.backbones.load_backbone`), or one of our trained cross-encoder or
+    MaxSim checkpoints (see :func:`trained_ranker`), loaded once for both its encoder and its head: a shipped ranker
+    is rebuilt from its own backbone, which takes seconds, so no caller should load it twice.
 
     Raises:
         BackboneNotFoundError: when the name is not a directory and the hub cannot provide it (e.g. offline).
     """
     ranker = trained_ranker(name_or_path)
     if ranker is not None:
-        return ranker.config.encoder, ranker.encoder.state_dict(), ranker.tokenizer
-    return load_backbone(name_or_path)
+        return BackboneCheckpoint(str(name_or_path), ranker.config.encoder, ranker.encoder.state_dict(),
+                                  ranker.tokenizer, ranker)
+    dims, state_dict, tokenizer = load_backbone(name_or_path)
+    return BackboneCheckpoint(str(name_or_path), dims, state_dict, tokenizer)
 
 
-def copy_ranker_head(head: nn.Linear, name_or_path: str | os.PathLike, model_type: str) -> None:
-    """Start ``head`` from a trained cross-encoder's when the model was initialised from one (``name_or_path``):
+def backbone_weights(name_or_path: str | os.PathLike):
+    """``(BertDims, state_dict, tokenizer)`` of :func:`load_backbone_checkpoint`, for models that take nothing else
+    from a backbone."""
+    checkpoint = load_backbone_checkpoint(name_or_path)
+    return checkpoint.dims, checkpoint.state_dict, checkpoint.tokenizer
+
+
+def copy_ranker_head(head: nn.Linear, checkpoint: BackboneCheckpoint, model_type: str) -> None:
+    """Start ``head`` from a trained cross-encoder's when the model was initialised from one (``checkpoint``):
     the blocks that produce the pooled [CLS] are that cross-encoder's top layers, so its decision function is the
     best known start.
 
     Raises:
         ValueError: the heads differ in shape (set num_labels to match).
     """
-    ranker = trained_ranker(name_or_path, model_types=("cross-encoder",))
-    if ranker is None:
+    ranker = checkpoint.ranker
+    if ranker is None or ranker.model_type != "cross-encoder":
         return
     if head.weight.shape != ranker.head.weight.shape:
-        raise ValueError(f"{name_or_path}: the cross-encoder's head is {tuple(ranker.head.weight.shape)}, "
+        raise ValueError(f"{checkpoint.name}: the cross-encoder's head is {tuple(ranker.head.weight.shape)}, "
                          f"this {model_type} head is {tuple(head.weight.shape)} (set num_labels to match)")
     head.load_state_dict(ranker.head.state_dict())
 
@@ -128,5 +159,6 @@ def default_model(model_type: str) -> str:
     return name if name is not None and shipped_model_path(name) is not None else DEFAULT_BACKBONE
 
 
-__all__ = ["SHIPPED_DEFAULTS", "SHIPPED_MODELS_DIR", "backbone_weights", "copy_ranker_head", "default_model",
-           "load_model", "shipped_model_path", "shipped_models", "trained_ranker"]
+__all__ = ["SHIPPED_DEFAULTS", "SHIPPED_MODELS_DIR", "BackboneCheckpoint", "backbone_weights", "copy_ranker_head",
+           "default_model", "load_backbone_checkpoint", "load_model", "shipped_model_path", "shipped_models",
+           "trained_ranker"]

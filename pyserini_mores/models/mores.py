@@ -70,7 +70,7 @@ from .backbones import DEFAULT_BACKBONE
 from .base import (CONFIG_NAME, WEIGHTS_NAME, RankingConfig, RankingModel, check_tokenizer_files,
                    read_checkpoint_config)
 from .flops import EncoderShape, FlopCount, Term, attention, bert_layer, cls_only_layer, linear
-from .loading import backbone_weights, copy_ranker_head
+from .loading import copy_ranker_head, load_backbone_checkpoint
 from .losses import ranking_scores
 
 POOLINGS = ("cls", "avg")
@@ -428,11 +428,11 @@ class MoresModel(RankingModel):
         Raises:
             ValueError: when the backbone does not have more layers than ``n_interaction_blocks``.
         """
-        dims, state_dict, tokenizer = backbone_weights(backbone)
-        config = MoresConfig(encoder=dims, backbone=str(backbone), **config_overrides)
-        model = cls(config, tokenizer)
-        model.load_bert_weights(state_dict)
-        copy_ranker_head(model.ranking_head, backbone, cls.model_type)
+        checkpoint = load_backbone_checkpoint(backbone)  # once: for the encoder and the head
+        config = MoresConfig(encoder=checkpoint.dims, backbone=str(backbone), **config_overrides)
+        model = cls(config, checkpoint.tokenizer)
+        model.load_bert_weights(checkpoint.state_dict)
+        copy_ranker_head(model.ranking_head, checkpoint, cls.model_type)
         return model.eval()
 
     def load_bert_weights(self, hf_state_dict: dict[str, torch.Tensor]) -> None:
@@ -543,9 +543,10 @@ class MoresModel(RankingModel):
         return ranking_scores(self.score_logits(query_state, docs, lengths)).float()
 
     def score_logits(self, query_state: MoresQueryState, docs: torch.Tensor, lengths: torch.Tensor,
-                     attentions: list[torch.Tensor] | None = None) -> torch.Tensor:
+                     attentions: list[torch.Tensor] | None = None, output_query_states: bool = False):
         """``[B, num_labels]`` head logits behind :meth:`score`; with ``attentions`` (a list), each interaction
-        block's cross-attention ``[B, h, q, d]`` is appended to it."""
+        block's cross-attention ``[B, h, q, d]`` is appended to it. ``output_query_states``: ``(logits,
+        query_states)`` as :meth:`forward_logits` returns them."""
         head_major = docs.dim() == 4
         width = docs.shape[1] * docs.shape[3] if head_major else docs.shape[-1]
         if width != self.store_width or (head_major and docs.shape[1] != self.stored_heads):
@@ -576,21 +577,41 @@ class MoresModel(RankingModel):
                 start = 2 * index * hidden
                 return docs[..., start:start + hidden], docs[..., start + hidden:start + 2 * hidden]
 
-        return self._interact(query_state.hidden, query_state.mask, keys_values, doc_mask,
-                              query_state.first_block_queries, attentions)
+        states = [] if output_query_states else None
+        logits = self._interact(query_state.hidden, query_state.mask, keys_values, doc_mask,
+                                query_state.first_block_queries, attentions, states)
+        return (logits, tuple(states)) if output_query_states else logits
 
     # ---- training and text paths ----------------------------------------------------------------------------
-    def forward(self, query_batch: dict, doc_batch: dict) -> torch.Tensor:
-        """Training path: ``[B]`` ranking scores of aligned (query, document) pairs, both encoded in-graph."""
-        return ranking_scores(self.forward_logits(query_batch, doc_batch))
+    def forward(self, query_batch: dict, doc_batch: dict, output_query_states: bool = False):
+        """Training path: ``[B]`` ranking scores of aligned (query, document) pairs, both encoded in-graph;
+        ``output_query_states``: ``(scores, query_states)`` as :meth:`forward_logits` returns them."""
+        if not output_query_states:
+            return ranking_scores(self.forward_logits(query_batch, doc_batch))
+        logits, states = self.forward_logits(query_batch, doc_batch, output_query_states=True)
+        return ranking_scores(logits), states
 
-    def forward_logits(self, query_batch: dict, doc_batch: dict) -> torch.Tensor:
-        """``[B, num_labels]`` head logits of aligned pairs (what :func:`.losses.pointwise_cross_entropy` takes)."""
+    def forward_logits(self, query_batch: dict, doc_batch: dict, output_query_states: bool = False):
+        """``[B, num_labels]`` head logits of aligned pairs (what :func:`.losses.pointwise_cross_entropy` takes).
+
+        ``output_query_states`` (as Hugging Face's ``output_hidden_states``): ``(logits, query_states)``, where
+        ``query_states`` holds the query-token states ``[B, q, n]`` after each of the K interaction blocks — in a
+        cross-encoder's terms the query rows of ``[CLS] q [SEP] d [SEP]`` at layers ``L − K + 1 … L``, which
+        hidden-state distillation pulls towards a teacher's. The last block then runs every query row, not just
+        [CLS] (same logits, a little more work).
+        """
         query = self._encode_query_batch(query_batch)
         docs = self._encode_document_batch(doc_batch)
         doc_mask = attention_mask_from_ids(doc_batch["attention_mask"])
-        return self._interact(query, attention_mask_from_ids(query_batch["attention_mask"]),
-                              self._project_documents(docs, doc_mask), doc_mask)
+        states = [] if output_query_states else None
+        logits = self._interact(query, attention_mask_from_ids(query_batch["attention_mask"]),
+                                self._project_documents(docs, doc_mask), doc_mask, query_states=states)
+        return (logits, tuple(states)) if output_query_states else logits
+
+    @property
+    def interaction_layers(self) -> int:
+        """K: the layers whose query-token states ``output_query_states`` returns (the interaction blocks)."""
+        return self.config.n_interaction_blocks
 
     @torch.no_grad()
     def score_texts(self, query: str, documents: list[str], batch_size: int | None = None) -> torch.Tensor:
@@ -825,19 +846,22 @@ class MoresModel(RankingModel):
 
     def _interact(self, query: torch.Tensor, query_mask: torch.Tensor, keys_values, doc_mask: torch.Tensor,
                   first_block_queries: torch.Tensor | None = None,
-                  attentions: list[torch.Tensor] | None = None) -> torch.Tensor:
+                  attentions: list[torch.Tensor] | None = None,
+                  query_states: list[torch.Tensor] | None = None) -> torch.Tensor:
         """Run the K blocks on ``query [1|B, q, n]`` against block-wise ``keys_values(i) → ([B, d, n], [B, d, n])``
         (or split into heads) and pool into ``[B, num_labels]`` logits; with ``attentions`` (a list), each block's
-        cross-attention ``[B, h, q, d]`` is appended to it."""
+        cross-attention ``[B, h, q, d]`` is appended to it; with ``query_states`` (a list), each block's output
+        ``[B, q, n]`` (every query row, so the last block runs in full)."""
         x = query
         blocks = self.interaction_module.blocks
         cls_pooling = self.config.pooling == "cls"
+        cls_only_last = cls_pooling and query_states is None
         for index, block in enumerate(blocks):
             keys, values = keys_values(index)
             cross_queries = first_block_queries if index == 0 else None
             if attentions is not None:
                 attentions.append(block.document_attention_probs(x, keys, doc_mask, query_mask))
-            if cls_pooling and index == len(blocks) - 1 and block.joint:
+            if cls_only_last and index == len(blocks) - 1 and block.joint:
                 # Only the [CLS] row leaves the last block: its one attention over the query rows and the
                 # documents' keys and values, and its FFN, for that row alone (exact).
                 heads = block.self_attention.split_heads
@@ -845,7 +869,7 @@ class MoresModel(RankingModel):
                 pooled = cls_only_attention_stored(block.self_attention, block.ffn, x[:, 0], x,
                                                    query_mask[:, 0, 0, :], keys, values, doc_mask[:, 0, 0, :])
                 return score_head(self.interaction_module.head, pooled)
-            if cls_pooling and index == len(blocks) - 1:
+            if cls_only_last and index == len(blocks) - 1:
                 # Only the [CLS] row leaves the last block: after its cross-attention (every row, as keys and
                 # values of the self-attention) the self-attention and FFN run for that one row — exact, and it
                 # removes most of the block (q - 1 of q FFN rows).
@@ -854,6 +878,10 @@ class MoresModel(RankingModel):
                                             [TokenBlock(x, query_mask[:, 0, 0, :])])
                 return score_head(self.interaction_module.head, pooled)
             x = block(x, keys, values, doc_mask, query_mask, cross_queries)
+            if query_states is not None:
+                query_states.append(x)
+        if cls_pooling:  # the last block ran every row: its query states were asked for
+            return score_head(self.interaction_module.head, x[:, 0])
         weights = query_mask[:, 0, 0, :].to(x.dtype)  # mean pooling over the real query rows [1|B, q]
         pooled = (x * weights[..., None]).sum(1) / weights.sum(1, keepdim=True)
         return score_head(self.interaction_module.head, pooled)

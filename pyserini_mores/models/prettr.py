@@ -39,7 +39,7 @@ from ._layers import BertEncoder, key_padding_mask, load_bert_weights, score_hea
 from .backbones import DEFAULT_BACKBONE
 from .base import RankingConfig, RankingModel, pad_documents
 from .flops import EncoderShape, FlopCount, Term, bert_layer, linear
-from .loading import backbone_weights, copy_ranker_head
+from .loading import copy_ranker_head, load_backbone_checkpoint
 from .losses import ranking_scores
 
 DOC_SEGMENT_ID = 1
@@ -242,11 +242,11 @@ class PreTTRModel(RankingModel):
     def from_backbone(cls, backbone: str = DEFAULT_BACKBONE, **config_overrides) -> "PreTTRModel":
         """BERT weights from ``backbone``; the compressor is randomly initialised, and so is the head unless the
         backbone is a trained cross-encoder (whose head it starts from)."""
-        dims, state_dict, tokenizer = backbone_weights(backbone)
-        config = PreTTRConfig(encoder=dims, backbone=str(backbone), **config_overrides)
-        model = cls(config, tokenizer)
-        load_bert_weights(model.encoder, state_dict)
-        copy_ranker_head(model.ranking_head, backbone, cls.model_type)
+        checkpoint = load_backbone_checkpoint(backbone)  # once: for the encoder and the head
+        config = PreTTRConfig(encoder=checkpoint.dims, backbone=str(backbone), **config_overrides)
+        model = cls(config, checkpoint.tokenizer)
+        load_bert_weights(model.encoder, checkpoint.state_dict)
+        copy_ranker_head(model.ranking_head, checkpoint, cls.model_type)
         return model.eval()
 
     # ---- shape of the model -------------------------------------------------------------------------------------
@@ -382,13 +382,23 @@ class PreTTRModel(RankingModel):
 
     # ---- layers l+1..L on the joined sequence ---------------------------------------------------------------------
     def _joint_score(self, query_states: torch.Tensor, query_mask: torch.Tensor, doc_states: torch.Tensor,
-                     doc_mask: torch.Tensor, attentions: list[torch.Tensor] | None = None) -> torch.Tensor:
+                     doc_mask: torch.Tensor, attentions: list[torch.Tensor] | None = None,
+                     block_states: list[torch.Tensor] | None = None) -> torch.Tensor:
         """``[B]`` scores from layer-l (decompressed) states: query ``[1|B, Qb, n]``, documents ``[B, Ld, n]``.
         With ``attentions`` (a list), the self-attention ``[B, h, T, T]`` of every joint layer ``l+1..L`` is
-        appended to it, all rows (scoring computes the last layer's [CLS] row only)."""
+        appended to it, all rows (scoring computes the last layer's [CLS] row only); with ``block_states`` (a
+        list), the query block's states ``[B, Qb, n]`` after every joint layer (the last one then runs every
+        row)."""
         doc_states = doc_states.to(query_states.dtype)
         self._check_batches(query_states, doc_states)
         batch = doc_states.shape[0]
+        if block_states is not None:
+            x = torch.cat([query_states.expand(batch, -1, -1), doc_states], 1)
+            mask = torch.cat([query_mask.expand(batch, -1), doc_mask], 1)[:, None, None, :]
+            for index in range(self.join_layer, self.num_layers):
+                x = self.encoder.run_layers(x, mask, index, index + 1, attentions)
+                block_states.append(x[:, :query_states.shape[1]])
+            return self._head(x[:, 0])
         if self.join_layer == self.num_layers - 1:
             if attentions is not None:
                 self._all_rows_attention(attentions, torch.cat([query_states.expand(batch, -1, -1), doc_states], 1),
@@ -439,6 +449,22 @@ class PreTTRModel(RankingModel):
         docs = docs.to(device=weight.device, dtype=weight.dtype)
         return docs if self.compressor is None else self.compressor.decode(docs)
 
+    def score_logits(self, query_state: PreTTRQueryState, docs: torch.Tensor, lengths: torch.Tensor,
+                     output_query_states: bool = False):
+        """:meth:`score`; ``output_query_states``: ``(scores, query_states)`` as :meth:`forward` returns them (from
+        stored layer-l states: ``reuse='kv'`` stores no document states for the joint layers' query rows)."""
+        if not output_query_states:
+            return self.score(query_state, docs, lengths)
+        if self.stores_keys_values:
+            raise ValueError("reuse='kv' stores only the last layer's document keys and values, not the document "
+                             "states the query rows of the joint layers attend to: output_query_states needs "
+                             "reuse='states'")
+        doc_states = self.decompress_documents(docs)
+        doc_mask = key_padding_mask(lengths.to(doc_states.device), docs.shape[1])[:, 0, 0]
+        states = []
+        scores = self._joint_score(query_state.states, query_state.mask, doc_states, doc_mask, block_states=states)
+        return scores, tuple(states)
+
     def score(self, query_state: PreTTRQueryState, docs: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """``[B]`` scores of one query against stored documents ``docs [B, Lmax, store_width]`` (zero-padded)."""
         if self.stores_keys_values:
@@ -476,12 +502,30 @@ class PreTTRModel(RankingModel):
                                            query_state.mask, docs[:, :heads], docs[:, heads:], doc_mask)
         return self._head(pooled)
 
-    def forward(self, query_batch: dict, doc_batch: dict) -> torch.Tensor:
+    def forward(self, query_batch: dict, doc_batch: dict, output_query_states: bool = False):
         """Training: ``[B]`` scores of aligned pairs (a batch-1 query is broadcast), identical to
-        ``score(encode_query(q), pad_documents(encode_documents(d)))``."""
+        ``score(encode_query(q), pad_documents(encode_documents(d)))``.
+
+        ``output_query_states`` (as Hugging Face's ``output_hidden_states``): ``(scores, query_states)``, where
+        ``query_states`` holds the query block's states ``[B, Qb, n]`` after each joint layer ``l+1 … L`` — the
+        query rows of a cross-encoder's ``[CLS] q [SEP] d [SEP]`` at those layers, which hidden-state distillation
+        pulls towards a teacher's. The last layer then runs every row, not just [CLS] (same scores).
+        """
         query_states, query_mask = self._query_layer_l(query_batch)
         doc_states, doc_mask = self._doc_layer_l(doc_batch)
-        return self._joint_score(self._roundtrip(query_states), query_mask, self._roundtrip(doc_states), doc_mask)
+        states = [] if output_query_states else None
+        scores = self._joint_score(self._roundtrip(query_states), query_mask, self._roundtrip(doc_states), doc_mask,
+                                   block_states=states)
+        return (scores, tuple(states)) if output_query_states else scores
+
+    def forward_logits(self, query_batch: dict, doc_batch: dict, output_query_states: bool = False):
+        """The pointwise loss's input: PreTTR's ``[B]`` scores (:meth:`forward`, with the same option)."""
+        return self(query_batch, doc_batch, output_query_states=output_query_states)
+
+    @property
+    def interaction_layers(self) -> int:
+        """``L − l``: the joint layers whose query-block states ``output_query_states`` returns."""
+        return self.num_layers - self.join_layer
 
     def score_texts(self, query: str, documents: list[str]) -> torch.Tensor:
         """``[len(documents)]`` scores from text, the query encoded once and broadcast."""

@@ -31,6 +31,10 @@ PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
 DEADLINE_SLICES = 4
 #: ... and no batch is started smaller than this: its per-call overhead would make the time prediction unreliable.
 DEADLINE_MIN_BATCH = 16
+#: Under a deadline a batch is started only when it ends in time at this fraction over the time per candidate
+#: measured so far: batches of a query vary (page faults, allocation, other processes), and the work after the last
+#: one (sorting, the unscored tail) must fit too.
+DEADLINE_SAFETY = 0.2
 
 
 class ModelReranker(Reranker):
@@ -383,27 +387,31 @@ def paced_batches(count: int, batch_size: int, deadline: float, per_candidate_ms
                   ) -> Iterator[tuple[int, int]]:
     """``(start, stop)`` batches over ``count`` candidates in order, none started that is predicted to end after
     ``deadline`` (:func:`time.monotonic`). The consumer scores a batch before asking for the next one, so the time
-    between two requests is what the batch cost: the prediction is the time per candidate so far (before the first
-    batch, ``per_candidate_ms``). Batches are at most ``batch_size`` and, so that stopping between them keeps close
-    to the deadline, a :data:`DEADLINE_SLICES`-th of ``count`` (not below :data:`DEADLINE_MIN_BATCH`); the last one
-    that fits may be shortened to what the time left allows."""
+    between two requests is what the batch cost.
+
+    The prediction is the time per candidate measured in this call — the slower of the mean so far and the last
+    batch, so that a slowing (cold pages, a busy machine) counts at once — with :data:`DEADLINE_SAFETY` added. Before
+    any measurement it is ``per_candidate_ms`` (a warm calibration's), and the first batch is only a probe of
+    :data:`DEADLINE_MIN_BATCH` candidates: on a cold sidecar the first reads cost many times what the calibration
+    measured. Batches are at most ``batch_size`` and, so that stopping between them keeps close to the deadline, a
+    :data:`DEADLINE_SLICES`-th of ``count`` (not below :data:`DEADLINE_MIN_BATCH`); the last one that fits may be
+    shortened to what the time left allows."""
     size = max(1, min(batch_size, max(DEADLINE_MIN_BATCH, math.ceil(count / DEADLINE_SLICES))))
     seconds_per_candidate = max(per_candidate_ms or 0.0, 0.0) / 1000
     spent, done, start = 0.0, 0, 0
     while start < count:
         now = time.monotonic()
         left = deadline - now
-        if done:
-            seconds_per_candidate = spent / done
-        wanted = min(size, count - start)
-        affordable = left / seconds_per_candidate if seconds_per_candidate > 0 else math.inf
+        wanted = min(size if done else min(size, DEADLINE_MIN_BATCH), count - start)
+        predicted = seconds_per_candidate * (1 + DEADLINE_SAFETY)
+        affordable = left / predicted if predicted > 0 else math.inf
         fitting = wanted if affordable >= wanted else int(affordable)
         if left <= 0 or fitting < min(wanted, DEADLINE_MIN_BATCH):
             return
         yield start, start + fitting
-        spent += time.monotonic() - now
-        done += fitting
-        start += fitting
+        took = time.monotonic() - now
+        spent, done, start = spent + took, done + fitting, start + fitting
+        seconds_per_candidate = max(spent / done, took / fitting)
 
 
 def _default_model(model_type: str) -> str:

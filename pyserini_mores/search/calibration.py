@@ -240,7 +240,8 @@ def _cache_path(cache_dir: Path, key: dict[str, Any]) -> Path:
 
 
 def calibrate(searcher, *, recalibrate: bool = False, cache_dir: str | os.PathLike | None = None,
-              num_queries: int = 3, repeats: int = 5, time_limit_s: float = 60.0) -> Calibration:
+              num_queries: int = 3, repeats: int = 5, time_limit_s: float = 60.0,
+              cold_cache: bool = False) -> Calibration:
     """The cost model of ``searcher``'s reranker on this machine: read from the cache, or measured and cached.
 
     A cache entry is used when its key (:func:`calibration_key`) matches and it was measured up to the searcher's
@@ -254,9 +255,14 @@ def calibrate(searcher, *, recalibrate: bool = False, cache_dir: str | os.PathLi
         repeats: rounds of timings (every size on every query); a size's cost is the median of its
             ``num_queries * repeats`` timings.
         time_limit_s: stop measuring larger sizes once this much time is spent (at least two sizes are measured).
+        cold_cache: time every run with the sidecar evicted from the page cache first, as a query whose
+            candidates no earlier query read: the cost model then buys only depths that fit when reads come from
+            storage (a separate cache entry).
     """
     cache_dir = Path(cache_dir) if cache_dir is not None else calibration_cache_dir()
     key = calibration_key(searcher)
+    if cold_cache:
+        key["page_cache"] = "cold"
     path = _cache_path(cache_dir, key)
     wanted = min(searcher.rerank_depth, searcher.num_docs)
     if not recalibrate and path.is_file():
@@ -270,7 +276,7 @@ def calibrate(searcher, *, recalibrate: bool = False, cache_dir: str | os.PathLi
                 return cached
     queries = calibration_queries(searcher, num_queries)
     points = measure_costs(searcher, queries, calibration_sizes(wanted), repeats=repeats,
-                           time_limit_s=time_limit_s)
+                           time_limit_s=time_limit_s, cold_cache=cold_cache)
     calibration = Calibration.fit(points, max_candidates=wanted, key=key,
                                   measured_at=datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
     measured = ", ".join(f"{n}: {ms:.1f} ms" for n, ms in points)
@@ -319,8 +325,9 @@ def calibration_candidates(searcher, query: str, count: int) -> list:
 
 
 def measure_costs(searcher, queries: list[str], sizes: list[int], *, repeats: int = 5,
-                  time_limit_s: float = 60.0) -> list[tuple[int, float]]:
-    """Median rerank-stage time (ms) of one query for each candidate count in ``sizes`` (ascending).
+                  time_limit_s: float = 60.0, cold_cache: bool = False) -> list[tuple[int, float]]:
+    """Median rerank-stage time (ms) of one query for each candidate count in ``sizes`` (ascending); with
+    ``cold_cache``, each timed run starts with the sidecar evicted from the page cache.
 
     One untimed warm-up run first (loads pages of the sidecar, allocates buffers). Then ``repeats`` rounds, each
     timing every size on every query: interleaved, so that a burst of load from other processes falls on all sizes
@@ -330,6 +337,7 @@ def measure_costs(searcher, queries: list[str], sizes: list[int], *, repeats: in
     if not sizes or not queries:
         return []
     candidates = {query: calibration_candidates(searcher, query, max(sizes)) for query in queries}
+    sidecar = getattr(searcher.reranker, "sidecar", None)
     searcher.rerank_candidates(queries[0], candidates[queries[0]][:min(max(sizes), 250)])
     timings: dict[int, list[float]] = {}
     started = time.perf_counter()
@@ -345,6 +353,8 @@ def measure_costs(searcher, queries: list[str], sizes: list[int], *, repeats: in
                 break
             for query in queries:
                 head = candidates[query][:size]
+                if cold_cache and sidecar is not None:
+                    sidecar.evict_from_page_cache()
                 begin = time.perf_counter()
                 searcher.rerank_candidates(query, head)
                 timings.setdefault(size, []).append((time.perf_counter() - begin) * 1000)

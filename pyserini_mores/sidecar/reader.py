@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._io import evict_from_page_cache
 from .codecs import codec_from_manifest
 from .format import (
     CODEC,
@@ -380,6 +381,13 @@ class SidecarReader(ManifestMetadata):
     def close(self) -> None:
         """Drop the memmaps (arrays handed out earlier keep their own mapping alive)."""
         self._maps.clear()
+
+    def evict_from_page_cache(self) -> None:
+        """Make the next reads cold (come from storage), as for a query whose candidates no earlier query touched:
+        the memmaps are dropped — the kernel keeps mapped pages — and the files evicted from the page cache. The
+        reader stays usable; arrays handed out earlier keep their pages mapped."""
+        self.close()
+        evict_from_page_cache(self.path / name for name in self._layout)
 
     def __enter__(self) -> SidecarReader:
         return self

@@ -172,6 +172,11 @@ class ShardedSidecarReader(ManifestMetadata):
         return rows
 
     # ---- lifecycle -----------------------------------------------------------------------------------------------
+    def evict_from_page_cache(self) -> None:
+        """As :meth:`SidecarReader.evict_from_page_cache`, for every shard."""
+        for shard in self.shards:
+            shard.evict_from_page_cache()
+
     def close(self) -> None:
         for shard in self.shards:
             shard.close()

@@ -85,6 +85,12 @@ def define_train_args(parser: argparse.ArgumentParser) -> None:
     opt.add_argument("--margin", type=float, default=S, help="pairwise hinge margin (default 1, TK)")
     opt.add_argument("--distill-temperature", type=float, default=S,
                      help="--loss distill: the teacher's scores are divided by this before its softmax (default 1)")
+    opt.add_argument("--hidden-teacher", default=S, metavar="CROSS_ENCODER",
+                     help="also pull the query-token states of MORES's interaction blocks (PreTTR's joint layers) "
+                          "towards this trained cross-encoder's at the mirrored layers (a directory or a shipped "
+                          "name, e.g. debian-cross-encoder; same width and query tokenization as the model)")
+    opt.add_argument("--hidden-weight", type=float, default=S, metavar="W",
+                     help="--hidden-teacher: weight of the hidden-state MSE beside the ranking loss (default 1)")
     opt.add_argument("--train-modules", choices=TRAIN_MODULES, default=S,
                      help="MORES adapt-interaction / adapt-representation: train only those modules")
     opt.add_argument("--freeze-embeddings", action=argparse.BooleanOptionalAction, default=S,

@@ -198,11 +198,13 @@ class GroupCollator:
     each group's positive first, with the tokenizers of ``model`` (so PreTTR, TK etc. get their own layouts).
 
     Returns ``{"query_batch": {...}, "doc_batch": {...}, "labels": [G·(1+k)] (1 = positive), "group_size": 1+k,
-    "teacher_scores": [G, 1+k] or None}``.
+    "teacher_scores": [G, 1+k] or None}``; with ``hidden`` (a :class:`~.hidden.HiddenStateDistillation`), also its
+    teacher's inputs of the same pairs (``teacher_query_batch``, ``teacher_doc_batch``).
     """
 
-    def __init__(self, model):
+    def __init__(self, model, hidden=None):
         self.model = model
+        self.hidden = hidden
 
     def __call__(self, groups: Sequence[TrainingGroup]) -> dict:
         import torch
@@ -213,13 +215,16 @@ class GroupCollator:
             queries.extend([group.query] * group_size)
             documents.extend((group.positive, *group.negatives))
             labels.extend([1] + [0] * (group_size - 1))
-        return {
+        batch = {
             "query_batch": self.model.tokenize_queries(queries),
             "doc_batch": self.model.tokenize_documents(documents),
             "labels": torch.tensor(labels, dtype=torch.long),
             "group_size": group_size,
             "teacher_scores": batch_teacher_scores(groups),
         }
+        if self.hidden is not None:
+            batch.update(self.hidden.tokenize(queries, documents))
+        return batch
 
 
 # ---------------------------------------------------------------------------------------------------- negatives

@@ -72,9 +72,16 @@ def loss_of_outputs(outputs: torch.Tensor, labels: torch.Tensor, group_size: int
 
 
 class RankingObjective(nn.Module):
-    """A ranking model plus its loss: ``forward(**batch) → {"loss": scalar}`` (Trainer-compatible)."""
+    """A ranking model plus its loss: ``forward(**batch) → {"loss": scalar}`` (Trainer-compatible).
 
-    def __init__(self, model: nn.Module, loss: str = "pointwise", margin: float = 1.0, temperature: float = 1.0):
+    With ``hidden`` (a :class:`~.hidden.HiddenStateDistillation`), the loss is the ranking loss plus ``hidden.weight``
+    times the hidden-state loss of the same forward, and both parts come back too (``"ranking_loss"``,
+    ``"hidden_loss"``, detached) for the log; the batch then carries the teacher's inputs
+    (``teacher_query_batch``, ``teacher_doc_batch``: a collator given the same ``hidden`` adds them).
+    """
+
+    def __init__(self, model: nn.Module, loss: str = "pointwise", margin: float = 1.0, temperature: float = 1.0,
+                 hidden=None):
         super().__init__()
         if loss not in LOSSES:
             raise ValueError(f"unknown loss '{loss}'; choose from {', '.join(LOSSES)}")
@@ -82,12 +89,36 @@ class RankingObjective(nn.Module):
         self.loss = loss
         self.margin = margin
         self.temperature = temperature
+        self.hidden = hidden
 
     def forward(self, query_batch: dict, doc_batch: dict, labels: torch.Tensor, group_size: int,
-                teacher_scores: torch.Tensor | None = None) -> dict:
-        batch = {"query_batch": query_batch, "doc_batch": doc_batch, "labels": labels, "group_size": group_size,
-                 "teacher_scores": teacher_scores}
-        return {"loss": ranking_loss(self.model, batch, self.loss, self.margin, self.temperature)}
+                teacher_scores: torch.Tensor | None = None, teacher_query_batch: dict | None = None,
+                teacher_doc_batch: dict | None = None) -> dict:
+        if self.hidden is None:
+            batch = {"query_batch": query_batch, "doc_batch": doc_batch, "labels": labels, "group_size": group_size,
+                     "teacher_scores": teacher_scores}
+            return {"loss": ranking_loss(self.model, batch, self.loss, self.margin, self.temperature)}
+        forward = self.model.forward_logits if self.loss == "pointwise" else self.model
+        outputs, states = forward(query_batch, doc_batch, output_query_states=True)
+        ranking = loss_of_outputs(outputs, labels, group_size, self.loss, self.margin, teacher_scores,
+                                  self.temperature)
+        return with_hidden_loss(self.hidden, ranking, states, query_batch, teacher_query_batch, teacher_doc_batch)
+
+
+def with_hidden_loss(hidden, ranking: torch.Tensor, states, query_batch: dict, teacher_query_batch: dict | None,
+                     teacher_doc_batch: dict | None) -> dict:
+    """``{"loss": ranking + weight · hidden, "ranking_loss", "hidden_loss"}`` of one batch (see
+    :class:`RankingObjective`).
+
+    Raises:
+        ValueError: the batch lacks the teacher's inputs (collated without the distillation).
+    """
+    if teacher_query_batch is None or teacher_doc_batch is None:
+        raise ValueError("hidden-state distillation needs the teacher's inputs in the batch: collate with the same "
+                         "HiddenStateDistillation")
+    distance = hidden.loss(states, query_batch, teacher_query_batch, teacher_doc_batch)
+    return {"loss": ranking + hidden.weight * distance, "ranking_loss": ranking.detach(),
+            "hidden_loss": distance.detach()}
 
 
 def batch_to_device(batch: dict, device: torch.device) -> dict:
@@ -201,4 +232,5 @@ def count_parameters(parameters: Iterable[nn.Parameter]) -> int:
 
 
 __all__ = ["LOSSES", "TRAIN_MODULES", "UNSCORED_TRIPLES", "ranking_loss", "loss_of_outputs", "RankingObjective",
-           "batch_to_device", "mean_loss", "select_trainable", "set_dropout", "parameter_groups", "count_parameters"]
+           "with_hidden_loss", "batch_to_device", "mean_loss", "select_trainable", "set_dropout", "parameter_groups",
+           "count_parameters"]

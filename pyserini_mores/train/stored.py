@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from .data import TrainingGroup, batch_group_size, batch_teacher_scores
-from .objectives import loss_of_outputs
+from .objectives import loss_of_outputs, with_hidden_loss
 
 logger = logging.getLogger(__name__)
 
@@ -128,19 +128,22 @@ def open_stored_documents(model, sidecar: str | os.PathLike, index: str | os.Pat
 class StoredGroupCollator:
     """Like :class:`~.data.GroupCollator`, but documents come as stored rows: ``{"query_batch"`` (one tokenized
     query per group), ``"docs" [G·(1+k), Lmax, width]``, ``"lengths"``, ``"labels"``, ``"group_size"``,
-    ``"teacher_scores"}``."""
+    ``"teacher_scores"}``; with ``hidden``, also the teacher's inputs of every (query, passage) pair, tokenized from
+    the triples' texts (the teacher reads text: nothing of it is stored)."""
 
-    def __init__(self, model, documents: StoredDocuments):
+    def __init__(self, model, documents: StoredDocuments, hidden=None):
         self.model = model
         self.documents = documents
+        self.hidden = hidden
 
     def __call__(self, groups: Sequence[TrainingGroup]) -> dict:
         group_size = batch_group_size(groups)
-        rows = self.documents.rows([text for group in groups for text in (group.positive, *group.negatives)])
+        texts = [text for group in groups for text in (group.positive, *group.negatives)]
+        rows = self.documents.rows(texts)
         # in the stored precision: score() converts once to the compute dtype, which under bf16 autocast is the
         # stored bf16 itself, so a float32 batch would be two copies of the largest tensor of the step for nothing
         docs, lengths = self.documents.reader.get_batch(rows, dtype=None)
-        return {
+        batch = {
             "query_batch": self.model.tokenize_queries([group.query for group in groups]),
             "docs": docs,
             "lengths": lengths,
@@ -148,6 +151,9 @@ class StoredGroupCollator:
             "group_size": group_size,
             "teacher_scores": batch_teacher_scores(groups),
         }
+        if self.hidden is not None:
+            batch.update(self.hidden.tokenize([group.query for group in groups for _ in range(group_size)], texts))
+        return batch
 
 
 class StoredRankingObjective(nn.Module):
@@ -161,19 +167,29 @@ class StoredRankingObjective(nn.Module):
     recipe; one call gives 1.13-1.17x the pairs per second (measured side by side, issue 6).
     """
 
-    def __init__(self, model: nn.Module, loss: str = "pointwise", margin: float = 1.0, temperature: float = 1.0):
+    def __init__(self, model: nn.Module, loss: str = "pointwise", margin: float = 1.0, temperature: float = 1.0,
+                 hidden=None):
         super().__init__()
         self.model = model
         self.loss = loss
         self.margin = margin
         self.temperature = temperature
+        self.hidden = hidden
 
     def forward(self, query_batch: dict, docs: torch.Tensor, lengths: torch.Tensor, labels: torch.Tensor,
-                group_size: int, teacher_scores: torch.Tensor | None = None) -> dict:
-        score = self.model.score_logits if self.loss == "pointwise" else self.model.score
+                group_size: int, teacher_scores: torch.Tensor | None = None, teacher_query_batch: dict | None = None,
+                teacher_doc_batch: dict | None = None) -> dict:
         state = per_candidate(self.model.encode_query(query_batch), group_size)
-        return {"loss": loss_of_outputs(score(state, docs, lengths), labels, group_size, self.loss, self.margin,
-                                        teacher_scores, self.temperature)}
+        if self.hidden is None:
+            score = self.model.score_logits if self.loss == "pointwise" else self.model.score
+            return {"loss": loss_of_outputs(score(state, docs, lengths), labels, group_size, self.loss, self.margin,
+                                            teacher_scores, self.temperature)}
+        # the logits (or scores) of the same forward that gives the query states; the losses take either
+        outputs, states = self.model.score_logits(state, docs, lengths, output_query_states=True)
+        ranking = loss_of_outputs(outputs, labels, group_size, self.loss, self.margin, teacher_scores,
+                                  self.temperature)
+        pairs = {key: value.repeat_interleave(group_size, dim=0) for key, value in query_batch.items()}
+        return with_hidden_loss(self.hidden, ranking, states, pairs, teacher_query_batch, teacher_doc_batch)
 
 
 def per_candidate(query_state, group_size: int):

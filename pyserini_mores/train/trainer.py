@@ -48,6 +48,7 @@ from ..models.registry import ModelTable
 from ._choices import LOSSES, SCHEDULERS, TEACHER_LOSSES, TRAIN_MODULES
 from .data import GroupCollator, TrainingGroup, load_groups, with_batch_negatives
 from .dev import DevEvaluator, gather_dev_candidates
+from .hidden import HiddenStateDistillation
 from .objectives import (UNSCORED_TRIPLES, RankingObjective, batch_to_device, count_parameters, parameter_groups,
                          select_trainable, set_dropout)
 from .stored import StoredGroupCollator, StoredRankingObjective, freeze_store_parameters, open_stored_documents
@@ -68,7 +69,8 @@ DEFAULT_LOSSES = ModelTable(lambda model: model.default_loss)
 RESUME_MUST_MATCH = ("model_type", "init", "triples", "loss", "model_args", "train_modules", "batch_size",
                      "grad_accum", "lr", "head_lr", "dropout", "weight_decay", "warmup_steps", "scheduler", "margin",
                      "distill_temperature", "negatives_per_example", "batch_negatives", "max_triples", "seed", "bf16",
-                     "precision", "max_grad_norm", "freeze_embeddings", "doc_sidecar")
+                     "precision", "max_grad_norm", "freeze_embeddings", "doc_sidecar", "hidden_teacher",
+                     "hidden_weight")
 
 
 @dataclass
@@ -107,6 +109,9 @@ class TrainingSettings:
         device: ``cpu``, ``cuda``, ``cuda:1``…; ``None`` = CUDA when available, else CPU.
         doc_sidecar: train against this sidecar (see :mod:`.stored`): documents are read, not encoded, and every
             parameter they depend on is frozen; ``doc_index`` (default ``dev_index``) is the index it was built from.
+        hidden_teacher: a trained cross-encoder (directory or shipped name) whose query-token states the model's
+            (MORES's interaction blocks, PreTTR's joint layers) are pulled towards (:mod:`.hidden`); ``None``: off.
+        hidden_weight: the weight of that hidden-state loss beside the ranking loss (default 1 with a teacher).
     """
 
     model_type: str
@@ -152,6 +157,8 @@ class TrainingSettings:
     device: str | None = None
     doc_sidecar: str | None = None
     doc_index: str | None = None
+    hidden_teacher: str | None = None
+    hidden_weight: float | None = None
 
     def __post_init__(self):
         # 0 switches a recipe's dev evaluation / early stopping off from the command line
@@ -195,6 +202,15 @@ class TrainingSettings:
             raise ValueError("early_stopping_patience needs eval_every (and dev data)")
         if self.doc_sidecar is not None and (self.doc_index or self.dev_index) is None:
             raise ValueError("doc_sidecar needs doc_index (or dev_index): the index the sidecar was built from")
+        if self.hidden_weight is not None and self.hidden_teacher is None:
+            raise ValueError("hidden_weight weighs the hidden-state loss of a hidden_teacher; name the teacher")
+        if self.hidden_teacher is not None:
+            if not hasattr(model_class(self.model_type), "interaction_layers"):
+                raise ValueError(f"a '{self.model_type}' model has no query states that mirror a cross-encoder's "
+                                 "layers; hidden_teacher trains MORES and PreTTR")
+            self.hidden_weight = 1.0 if self.hidden_weight is None else self.hidden_weight
+            if not self.hidden_weight > 0:
+                raise ValueError(f"hidden_weight must be positive, not {self.hidden_weight}")
 
     def check_dev_data(self) -> None:
         """Raise ``ValueError`` when dev evaluation is asked for without the data it needs."""
@@ -439,7 +455,7 @@ def train(
                 len(trainable), settings.train_modules, len(groups), steps_per_epoch, total_steps)
     if evaluator is None and settings.eval_every is not None:
         evaluator = _build_evaluator(settings, bf16)
-    collate, objective = _collator_and_objective(model, settings, groups)
+    collate, objective = _collator_and_objective(model, settings, groups, device)
     run = _Run(settings=settings, output=output, model=model, state=state, optimizer=optimizer, scheduler=scheduler,
                groups=groups, collate=collate, objective=objective, order=_EpochOrder(len(groups), settings.seed),
                steps_per_epoch=steps_per_epoch, total_steps=total_steps, device=device, bf16=bf16)
@@ -520,15 +536,22 @@ def _optimizer_and_schedule(model: RankingModel, settings: TrainingSettings, tot
     return optimizer, scheduler
 
 
-def _collator_and_objective(model: RankingModel, settings: TrainingSettings, groups: list[TrainingGroup]):
-    """How groups become batches and batches a loss: from the texts, or against a sidecar's stored documents."""
+def _collator_and_objective(model: RankingModel, settings: TrainingSettings, groups: list[TrainingGroup],
+                            device: torch.device):
+    """How groups become batches and batches a loss: from the texts, or against a sidecar's stored documents; with
+    a hidden-state teacher, its inputs and loss too."""
+    hidden = None
+    if settings.hidden_teacher is not None:
+        hidden = HiddenStateDistillation.load(settings.hidden_teacher, model, settings.hidden_weight, device)
+        logger.info("hidden-state distillation from %s (weight %g): the query states of %d layers",
+                    settings.hidden_teacher, hidden.weight, hidden.layers)
     if settings.doc_sidecar is None:
-        objective = RankingObjective(model, settings.loss, settings.margin, settings.distill_temperature)
-        return GroupCollator(model), objective
+        objective = RankingObjective(model, settings.loss, settings.margin, settings.distill_temperature, hidden)
+        return GroupCollator(model, hidden), objective
     documents = open_stored_documents(model, settings.doc_sidecar, settings.doc_index or settings.dev_index)
     documents.check_groups(groups)
-    objective = StoredRankingObjective(model, settings.loss, settings.margin, settings.distill_temperature)
-    return StoredGroupCollator(model, documents), objective
+    objective = StoredRankingObjective(model, settings.loss, settings.margin, settings.distill_temperature, hidden)
+    return StoredGroupCollator(model, documents, hidden), objective
 
 
 @dataclass
@@ -561,21 +584,23 @@ def _run_steps(run: _Run, evaluator, on_step_end, progress: bool) -> None:
     """The resumable loop: optimiser steps until ``total_steps`` or early stopping, each followed by its logging,
     dev evaluation and checkpoint as due."""
     settings, state = run.settings, run.state
-    running_loss, running_count = 0.0, 0
+    running, running_count = {}, 0
     run.model.train()
     bar = tqdm(total=run.total_steps, initial=state.global_step, desc=f"train {settings.model_type}", unit="step",
                disable=not progress, dynamic_ncols=True, mininterval=progress_interval())
     try:
         while state.global_step < run.total_steps and not state.stopped_early:
-            step_loss = _optimizer_step(run)
-            running_loss, running_count = running_loss + step_loss, running_count + 1
+            step_losses = _optimizer_step(run)
+            for name, value in step_losses.items():
+                running[name] = running.get(name, 0.0) + value
+            running_count += 1
             bar.update(1)
-            bar.set_postfix(loss=f"{step_loss:.4f}", lr=f"{run.last_lr:.2e}", refresh=False)
+            bar.set_postfix(loss=f"{step_losses['loss']:.4f}", lr=f"{run.last_lr:.2e}", refresh=False)
 
             done = state.global_step >= run.total_steps
             if state.global_step % settings.logging_steps == 0 or done:
-                _log_loss(run, running_loss / running_count)
-                running_loss, running_count = 0.0, 0
+                _log_loss(run, {name: total / running_count for name, total in running.items()})
+                running, running_count = {}, 0
             if evaluator is not None and settings.eval_every and (
                     state.global_step % settings.eval_every == 0 or done):
                 _evaluate(run.model, evaluator, state, settings, run.output)
@@ -587,11 +612,13 @@ def _run_steps(run: _Run, evaluator, on_step_end, progress: bool) -> None:
         bar.close()
 
 
-def _optimizer_step(run: _Run) -> float:
-    """One optimiser step on the next batch of the seeded order; returns its mean loss."""
+def _optimizer_step(run: _Run) -> dict[str, float]:
+    """One optimiser step on the next batch of the seeded order; returns its mean loss (``"loss"``) and the mean
+    of each part the objective reports (e.g. ``"hidden_loss"``)."""
     started = time.perf_counter()
     micro_batches = _micro_batches(run)
-    step_loss = _forward_backward(run.objective, micro_batches, run.bf16, run.device)
+    step_losses = _forward_backward(run.objective, micro_batches, run.bf16, run.device)
+    step_loss = step_losses["loss"]
     if not math.isfinite(step_loss):
         raise FloatingPointError(f"the loss became {step_loss} at step {run.state.global_step + 1}; "
                                  "lower the learning rate")
@@ -604,7 +631,7 @@ def _optimizer_step(run: _Run) -> float:
     run.state.global_step += 1
     run.pairs_done += sum(int(batch["labels"].numel()) for batch in micro_batches)
     run.step_seconds += time.perf_counter() - started
-    return step_loss
+    return step_losses
 
 
 def _micro_batches(run: _Run) -> list[dict]:
@@ -618,13 +645,17 @@ def _micro_batches(run: _Run) -> list[dict]:
             for start in range(0, len(indices), per_micro_batch)]
 
 
-def _log_loss(run: _Run, mean_loss: float) -> None:
+def _log_loss(run: _Run, mean_losses: dict[str, float]) -> None:
+    """Record the mean losses since the last record: ``loss``, and its parts when the objective reports them."""
     state = run.state
+    parts = {name: value for name, value in mean_losses.items() if name != "loss"}
     state.log_history.append({
         "step": state.global_step, "epoch": round(state.global_step / run.steps_per_epoch, 4),
-        "loss": mean_loss, "lr": run.last_lr,
+        "loss": mean_losses["loss"], **parts, "lr": run.last_lr,
         "pairs_per_second": round(run.pairs_done / run.step_seconds, 2) if run.step_seconds > 0 else None})
-    logger.info("step %d: loss %.4f, lr %.2e", state.global_step, mean_loss, run.last_lr)
+    details = ", ".join(f"{name.removesuffix('_loss')} {value:.4f}" for name, value in parts.items())
+    logger.info("step %d: loss %.4f%s, lr %.2e", state.global_step, mean_losses["loss"],
+                f" ({details})" if details else "", run.last_lr)
 
 
 def _save_result(run: _Run, resumed_from: int | None, started: float) -> TrainingResult:
@@ -650,16 +681,18 @@ def _save_result(run: _Run, resumed_from: int | None, started: float) -> Trainin
 
 
 def _forward_backward(objective: RankingObjective, micro_batches: list[dict], bf16: bool,
-                      device: torch.device) -> float:
-    """Accumulate the gradients of one optimiser step over its micro-batches; returns the step's mean loss."""
-    step_loss = 0.0
+                      device: torch.device) -> dict[str, float]:
+    """Accumulate the gradients of one optimiser step over its micro-batches; returns the step's mean of every loss
+    the objective reports (``"loss"``, the one optimised, and its parts)."""
+    step_losses: dict[str, float] = {}
     for batch in micro_batches:
         autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
         with autocast:
-            loss = objective(**batch_to_device(batch, device))["loss"]
-        (loss / len(micro_batches)).backward()
-        step_loss += float(loss.detach()) / len(micro_batches)
-    return step_loss
+            losses = objective(**batch_to_device(batch, device))
+        (losses["loss"] / len(micro_batches)).backward()
+        for name, value in losses.items():
+            step_losses[name] = step_losses.get(name, 0.0) + float(value.detach()) / len(micro_batches)
+    return step_losses
 
 
 def _build_evaluator(settings: TrainingSettings, bf16: bool):

@@ -1,8 +1,12 @@
-"""integrations/debian_packages/pipeline.py: the dry run prints every step and checks every command's arguments."""
+"""integrations/debian_packages/pipeline.py: the dry run prints every step (the teacher before its students, the
+short schedule or with --full the recipes') and checks every command's arguments; the journal refuses a changed
+command."""
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import random
 import re
 import sys
 from pathlib import Path
@@ -32,49 +36,112 @@ def data_dir(tmp_path):
     return data
 
 
+def _steps(out: str) -> list[str]:
+    """The steps whose commands a dry run printed, in order."""
+    return [line.split("]")[0].lstrip("[") for line in out.splitlines() if line.startswith("[") and "] $ " in line]
+
+
 def test_dry_run_prints_every_step_in_order_and_their_arguments_parse(pipeline, data_dir, tmp_path, capsys):
     assert pipeline.main(["--data", str(data_dir), "--work", str(tmp_path / "work"), "--dry-run"]) == 0
     out = capsys.readouterr().out
-    steps = [line.split("]")[0].lstrip("[") for line in out.splitlines() if line.startswith("[")]
-    expected, teachers = ["index", "bm25-test", "negatives"], set()
+    expected, scorings, mined = ["index", "bm25-test"], set(), set()
+    by_name = {model.name: model for model in pipeline.MODELS}
     for model in pipeline.MODELS:  # a starting point's sidecar is built before, every other sidecar after training
         expected += (["compressor"] if model.needs_compressor else []) + (
             [f"sidecar-{model.name}"] if model.sidecar_first else [])
-        if model.teacher and model.teacher not in teachers:  # the teacher's run and scored triples, once
-            teachers.add(model.teacher)
-            expected += [f"sidecar-{model.teacher}", f"rerank-{model.teacher}-train", f"negatives-{model.teacher}"]
+        if model.teacher and (model.teacher, model.teacher_scoring) not in scorings:  # its run and triples, once
+            scorings.add((model.teacher, model.teacher_scoring))
+            topics = model.teacher_scoring.topics
+            expected += ([f"sidecar-{model.teacher}"] if by_name[model.teacher].stores else []) + [
+                f"rerank-{model.teacher}-{topics}",
+                f"negatives-{model.teacher}" + ("" if topics == "train" else f"-{topics}")]
+        elif not model.teacher and model.bm25_negatives not in mined:  # BM25's training run once, each mining once
+            expected += [] if mined else ["bm25-train"]
+            mined.add(model.bm25_negatives)
+            expected += ["negatives-bm25-{}x{}".format(*model.bm25_negatives)]
         expected += [f"train-{model.name}"]
-    for model in pipeline.MODELS:
-        expected += ([f"sidecar-{model.name}"] if model.stores and not model.sidecar_first
+    teachers = {teacher for teacher, _ in scorings}
+    for model in pipeline.MODELS:  # a row reading another's sidecar has none of its own
+        expected += ([f"sidecar-{model.name}"] if model.stores and not model.sidecar_first and not model.sidecar_of
                      and model.name not in teachers else []) + [f"rerank-{model.name}-test", f"speed-{model.name}"]
-    assert steps == expected + ["eval-test"]
-    assert teachers == {"maxsim"}
-    # MORES learns from triples scored by the MaxSim teacher's run over the training queries
-    work = tmp_path / "work"
-    assert (f"--rerank-depth 50 --hits 50 --precision bf16 --output {work / 'runs' / 'maxsim.train.trec'}") in out
+    assert _steps(out) == expected + ["eval-test"]
+    assert teachers == {"maxsim", "cross-encoder"} and mined == {(4, 30), (1, 50)}
+    work, python = tmp_path / "work", sys.executable
+    # The teacher first: the shipped cross-encoder's recipe on 4 negatives per training query from its BM25 top 30
+    # (docs/results.md's commands), then MORES 2xIB started from it, against the S1 sidecar of its 4-layer document
+    # module built first with the recipe's model arguments (JSON values: tied=false, which the command line reads as
+    # the boolean), on the same triples
+    bm25_train, teacher = work / "runs" / "bm25.train.trec", work / "models" / "cross-encoder"
+    assert (f"[bm25-train] $ {python} -m pyserini_mores.search --index {work / 'index'} --topics "
+            f"{data_dir / 'queries.train.tsv'} --hits 100 --threads 2 --output {bm25_train}") in out
+    assert (f"[negatives-bm25-4x30] $ {python} -m pyserini_mores.train mine-negatives --run {bm25_train} --index "
+            f"{work / 'index'} --topics {data_dir / 'queries.train.tsv'} --qrels {data_dir / 'qrels.train.txt'} "
+            f"--negatives-per-query 4 --depth 30 --output {work / 'triples.train.bm25-4x30.tsv'}") in out
+    assert (f"[train-cross-encoder] $ {python} -m pyserini_mores.train train --recipe cross-encoder-debian-teacher "
+            f"--triples {work / 'triples.train.bm25-4x30.tsv'} --output {teacher}") in out
+    assert (f"[sidecar-mores-2ib] $ {python} -m pyserini_mores.sidecar build --index {work / 'index'} --reranker "
+            f"mores --model {teacher} --model-arg n_interaction_blocks=2 --model-arg document_layers=4 --model-arg "
+            "reuse=s1 --model-arg tied=false --model-arg query_max_length=16 --model-arg doc_max_length=128 "
+            "--precision auto\n") in out
+    assert (f"[train-mores-2ib] $ {python} -m pyserini_mores.train train --recipe mores-2ib-debian-from-ce "
+            f"--triples {work / 'triples.train.bm25-4x30.tsv'} --output {work / 'models' / 'mores-2ib'}") in out
+    assert f"--max-steps 2000 --resume --init {teacher}\n" in out
+    assert (out.index("[train-cross-encoder] $") < out.index("[sidecar-mores-2ib] $") < out.index("[train-mores-2ib] $")
+            < out.index("[train-maxsim] $"))
+    # Then MORES 2xIB distilled from the trained cross-encoder by Margin-MSE (the shipped debian-mores-2ib's second
+    # stage): the teacher reranks and scores every candidate of the BM25 top 16 of 2,000 training queries drawn at
+    # random (seed 29), 8 scored negatives per query are mined from all 16, and the distillation continues from the
+    # trained MORES 2xIB against the same S1 sidecar (its recipe's --doc-sidecar default finds it): no sidecar step
+    subset, ce_run = work / "queries.train2000.tsv", work / "runs" / "cross-encoder.train2000.trec"
+    scored, distilled = work / "triples.train.cross-encoder-train2000.tsv", work / "models" / "mores-2ib-distilled"
+    assert f"[queries-train2000] 2,000 training queries drawn at random (seed 29): {subset}\n" in out
+    assert (f"[rerank-cross-encoder-train2000] $ {python} -m pyserini_mores.search --index {work / 'index'} --topics "
+            f"{subset} --reranker cross-encoder --model {teacher} --rerank-depth 16 --hits 16 --precision auto "
+            f"--output {ce_run}\n") in out
+    assert (f"[negatives-cross-encoder-train2000] $ {python} -m pyserini_mores.train mine-negatives --run {ce_run} "
+            f"--index {work / 'index'} --topics {subset} --qrels {data_dir / 'qrels.train.txt'} "
+            f"--negatives-per-query 8 --depth 16 --teacher-scores --output {scored}\n") in out
+    assert (f"[train-mores-2ib-distilled] $ {python} -m pyserini_mores.train train --recipe mores-2ib-debian-distilled "
+            f"--triples {scored} --output {distilled} --dev-topics {data_dir / 'queries.dev.tsv'} --dev-qrels "
+            f"{data_dir / 'qrels.dev.txt'} --dev-index {work / 'index'} --max-steps 500 --resume "
+            f"--init {work / 'models' / 'mores-2ib'}\n") in out
+    assert (out.index("[train-cross-encoder] $") < out.index("[train-mores-2ib] $")
+            < out.index("[queries-train2000]") < out.index("[rerank-cross-encoder-train2000] $")
+            < out.index("[negatives-cross-encoder-train2000] $") < out.index("[train-mores-2ib-distilled] $")
+            < out.index("[train-maxsim] $"))
+    assert "[sidecar-mores-2ib-distilled]" not in out
+    assert (f"[rerank-mores-2ib-distilled-test] $ {python} -m pyserini_mores.search --index {work / 'index'} "
+            f"--topics {data_dir / 'queries.test.tsv'} --reranker mores --model {distilled} --model-arg reuse=s1 "
+            "--rerank-depth 100") in out
+    assert f"{work / 'runs' / 'mores-2ib.test.trec'} {work / 'runs' / 'mores-2ib-distilled.test.trec'} " in out  # eval
+    # The MaxSim family: MaxSim on one negative per query from BM25's top 50; the others learn from triples scored
+    # by its run over the training queries
+    assert f"--recipe maxsim-debian --triples {work / 'triples.train.bm25-1x50.tsv'}" in out
+    assert "--negatives-per-query 1 --depth 50" in out
+    assert (f"--rerank-depth 50 --hits 50 --precision auto --output {work / 'runs' / 'maxsim.train.trec'}") in out
     assert f"--run {work / 'runs' / 'maxsim.train.trec'} --index" in out and "--teacher-scores" in out
     assert f"--recipe mores-debian --triples {work / 'triples.train.maxsim.tsv'}" in out
-    assert f"--recipe cross-encoder-debian --triples {work / 'triples.train.maxsim.tsv'}" in out
     assert f"--recipe tk-debian --triples {work / 'triples.train.maxsim.tsv'}" in out  # its recipe's loss: distill
     assert "--recipe mores-debian" in out and "--model-arg n_interaction_blocks=1" in out
-    # MORES starts from the trained MaxSim encoder and trains against its S1 sidecar, built first with the recipe's
-    # model arguments (JSON values: tied=false, which the command line reads as the boolean)
+    # MORES 1xIB starts from the trained MaxSim encoder and trains against its S1 sidecar
     maxsim = work / "models" / "maxsim"
-    assert ("[sidecar-mores-2ib] $ " + f"{sys.executable} -m pyserini_mores.sidecar build --index "
+    assert ("[sidecar-mores-1ib] $ " + f"{python} -m pyserini_mores.sidecar build --index "
             f"{work / 'index'} --reranker mores --model {maxsim} --model-arg n_interaction_blocks=2") in out
-    assert "--model-arg reuse=s1 --model-arg pooling=avg --model-arg tied=false --precision bf16" in out
-    assert f"--output {work / 'models' / 'mores-2ib'}" in out and f"--resume --init {maxsim}" in out
+    assert ("--model-arg reuse=s1 --model-arg pooling=avg --model-arg tied=false "
+            "--model-arg n_interaction_blocks=1") in out
+    assert f"--output {work / 'models' / 'mores-1ib'}" in out and f"--resume --init {maxsim}" in out
     # PreTTR starts from the trained MaxSim encoder, and so does its compressor's pre-training; both train against
     # the sidecar of their start's layer-4 states, on MaxSim's scored triples
-    assert ("[sidecar-prettr-l4] $ " + f"{sys.executable} -m pyserini_mores.sidecar build --index "
+    assert ("[sidecar-prettr-l4] $ " + f"{python} -m pyserini_mores.sidecar build --index "
             f"{work / 'index'} --reranker prettr --model {maxsim} --model-arg join_layer=4") in out
     assert (f"--recipe prettr-debian --triples {work / 'triples.train.maxsim.tsv'} "
             f"--output {work / 'models' / 'prettr-l4'}") in out
     assert (f"--recipe prettr-compressor-debian --texts {data_dir / 'collection.tsv'} "
             f"--output {work / 'models' / 'prettr-compressor'} --init {maxsim}") in out
-    assert ("[sidecar-prettr-l4-e128] $ " + f"{sys.executable} -m pyserini_mores.sidecar build --index "
+    assert ("[sidecar-prettr-l4-e128] $ " + f"{python} -m pyserini_mores.sidecar build --index "
             f"{work / 'index'} --reranker prettr --model {work / 'models' / 'prettr-compressor'}") in out
-    assert not (tmp_path / "work" / "pipeline.json").exists(), "a dry run must not record anything as done"
+    assert "--precision bf16" not in out  # auto: bf16 only where the CPU runs it natively
+    assert not (tmp_path / "work").exists(), "a dry run must not write anything"
 
 
 def test_a_model_that_starts_from_another_brings_it_along(pipeline, data_dir, tmp_path, capsys):
@@ -84,6 +151,24 @@ def test_a_model_that_starts_from_another_brings_it_along(pipeline, data_dir, tm
     assert "[train-cross-encoder]" not in out
     assert (out.index("[train-maxsim]") < out.index("[sidecar-prettr-l4]") < out.index("[train-prettr-l4]")
             < out.index("[rerank-prettr-l4-test]"))
+    pipeline.main(["--data", str(data_dir), "--work", str(tmp_path / "w"), "--models", "mores-2ib", "--dry-run"])
+    out = capsys.readouterr().out
+    assert "also training cross-encoder: mores-2ib start from it or learn from it" in out
+    assert _steps(out) == ["index", "bm25-test", "bm25-train", "negatives-bm25-4x30", "train-cross-encoder",
+                           "sidecar-mores-2ib", "train-mores-2ib", "rerank-cross-encoder-test", "speed-cross-encoder",
+                           "rerank-mores-2ib-test", "speed-mores-2ib", "eval-test"]
+    # the distilled row needs MORES 2xIB (its start and its sidecar), and that row the cross-encoder (its teacher too)
+    pipeline.main(["--data", str(data_dir), "--work", str(tmp_path / "w"), "--models", "mores-2ib-distilled",
+                   "--dry-run"])
+    out = capsys.readouterr().out
+    assert ("also training cross-encoder, mores-2ib: mores-2ib, mores-2ib-distilled start from it or learn from it"
+            in out)
+    assert _steps(out) == ["index", "bm25-test", "bm25-train", "negatives-bm25-4x30", "train-cross-encoder",
+                           "sidecar-mores-2ib", "train-mores-2ib", "rerank-cross-encoder-train2000",
+                           "negatives-cross-encoder-train2000", "train-mores-2ib-distilled",
+                           "rerank-cross-encoder-test", "speed-cross-encoder", "rerank-mores-2ib-test",
+                           "speed-mores-2ib", "rerank-mores-2ib-distilled-test", "speed-mores-2ib-distilled",
+                           "eval-test"]
 
 
 def test_a_model_that_learns_from_a_teacher_brings_it_along(pipeline, data_dir, tmp_path, capsys):
@@ -104,21 +189,78 @@ def test_dry_run_of_one_model_skips_what_it_does_not_need(pipeline, data_dir, tm
 
 def _train_commands(out: str) -> dict[str, str]:
     return {line.split("]")[0].removeprefix("[train-"): line for line in out.splitlines()
-            if line.startswith("[train-")}
+            if line.startswith("[train-") and "] $ " in line}
 
 
-def test_each_row_trains_its_own_schedule_unless_the_pipeline_overrides_every_one(pipeline, data_dir, tmp_path,
-                                                                                  capsys):
+def _schedules(out: str) -> dict[str, int]:
+    """The training steps each row's printed schedule announces."""
+    return {match.group(1): int(match.group(2).replace(",", "")) for match in
+            re.finditer(r"^\[train-(\S+)\] up to ([\d,]+) training steps", out, re.M)}
+
+
+def _recipe_steps(model) -> int:
+    from pyserini_mores.train.recipes import read_recipe
+
+    return read_recipe(model.recipe)["settings"]["max_steps"]
+
+
+def test_the_short_schedule_by_default_and_the_recipes_own_with_full(pipeline, data_dir, tmp_path, capsys):
     pipeline.main(["--data", str(data_dir), "--work", str(tmp_path / "w"), "--dry-run"])
-    commands = _train_commands(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    commands = _train_commands(out)
     assert set(commands) == {model.name for model in pipeline.MODELS}
-    for model in pipeline.MODELS:  # the row's schedule once, or none (the recipe's)
-        expected = [str(model.max_steps)] if model.max_steps else []
+    for model in pipeline.MODELS:  # the row's short schedule once, or none (the recipe's)
+        expected = [str(model.short_steps)] if model.short_steps else []
         assert re.findall(r"--max-steps (\d+)", commands[model.name]) == expected, model.name
-    assert re.findall(r"--max-steps (\d+)", commands["mores-2ib"]) == ["1000"]
+        assert _schedules(out)[model.name] == (model.short_steps or _recipe_steps(model)), model.name
+        assert model.short_steps is None or model.short_steps < _recipe_steps(model), model.name
+    # the teacher and its student: short schedules, with the time they are expected to take on 2 AVX2 cores
+    assert re.findall(r"--max-steps (\d+)", commands["cross-encoder"] + commands["mores-2ib"]) == ["500", "2000"]
+    assert ("[train-cross-encoder] up to 500 training steps (short schedule; --full: the recipe's "
+            f"{_recipe_steps(pipeline.MODELS[0]):,}), ~2 s/step on 2 AVX2 cores in fp32: ~17 min plus dev "
+            "evaluations") in out
+    assert "[train-mores-2ib] up to 2,000 training steps (short schedule; --full: the recipe's 4,500), ~0.5 s/step" \
+        in out
+    distilled = next(model for model in pipeline.MODELS if model.name == "mores-2ib-distilled")
+    assert _recipe_steps(distilled) == 1500  # the shipped model's recipe
+    assert re.findall(r"--max-steps (\d+)", commands["mores-2ib-distilled"]) == ["500"]
+    assert ("[train-mores-2ib-distilled] up to 500 training steps (short schedule; --full: the recipe's "
+            f"{_recipe_steps(distilled):,})\n") in out
+
+    pipeline.main(["--data", str(data_dir), "--work", str(tmp_path / "w"), "--dry-run", "--full"])
+    out = capsys.readouterr().out
+    commands = _train_commands(out)
+    assert _steps(out)[:6] == ["index", "bm25-test", "bm25-train", "negatives-bm25-4x30", "train-cross-encoder",
+                               "sidecar-mores-2ib"]  # the teacher before its students
+    for model in pipeline.MODELS:  # exactly the recipe's schedule: no override
+        assert "--max-steps" not in commands[model.name], model.name
+        assert _schedules(out)[model.name] == _recipe_steps(model), model.name
+    assert _schedules(out)["cross-encoder"] == 6000 and _schedules(out)["mores-2ib"] == 4500  # the shipped models'
+    assert _schedules(out)["mores-2ib-distilled"] == _recipe_steps(distilled)
+    assert "--max-steps" not in commands["mores-2ib-distilled"]
+    assert "--recipe mores-2ib-debian-distilled" in commands["mores-2ib-distilled"]
+    assert (_steps(out).index("train-mores-2ib") < _steps(out).index("rerank-cross-encoder-train2000")
+            < _steps(out).index("train-mores-2ib-distilled") < _steps(out).index("train-maxsim"))
+
     pipeline.main(["--data", str(data_dir), "--work", str(tmp_path / "w"), "--dry-run", "--max-steps", "7"])
     for name, command in _train_commands(capsys.readouterr().out).items():
         assert command.count("--max-steps") == 1 and "--max-steps 7 --resume" in command, name
+    with pytest.raises(SystemExit):
+        pipeline.main(["--data", str(data_dir), "--work", str(tmp_path / "w"), "--dry-run", "--full",
+                       "--max-steps", "7"])
+    assert "not allowed with argument --full" in capsys.readouterr().err
+
+
+def test_full_after_the_short_schedule_refuses_to_mix_them(pipeline, data_dir, tmp_path, capsys):
+    work = tmp_path / "w"
+    pipeline.main(["--data", str(data_dir), "--work", str(work), "--models", "cross-encoder", "--dry-run"])
+    short = _train_commands(capsys.readouterr().out)["cross-encoder"].split("$ ", 1)[1]
+    work.mkdir()
+    (work / "pipeline.json").write_text(json.dumps({"train-cross-encoder": {"seconds": 1000.0, "command": short}}))
+    with pytest.raises(SystemExit, match=r"(?s)\[train-cross-encoder\] finished earlier with another command:\n"
+                                         r"  then: .*--max-steps 500 --resume\n  now:  .*cross-encoder-debian-teacher"):
+        pipeline.main(["--data", str(data_dir), "--work", str(work), "--models", "cross-encoder", "--dry-run",
+                       "--full"])
 
 
 def test_bad_arguments_and_unknown_recipes_are_caught_without_running(pipeline):
@@ -154,3 +296,26 @@ def test_missing_data_file_is_named(pipeline, data_dir, tmp_path):
     (data_dir / "qrels.test.txt").unlink()
     with pytest.raises(SystemExit, match=r"qrels\.test\.txt not found; --data must be the debian-packages folder"):
         pipeline.main(["--data", str(data_dir), "--work", str(tmp_path / "w"), "--dry-run"])
+
+
+def test_the_teachers_training_queries_are_a_seeded_random_subset_written_once(pipeline, data_dir, tmp_path):
+    lines = [f"q{number}\tquery number {number}\n" for number in range(10)]
+    lines[-1] = lines[-1].rstrip("\n")  # a last line without its newline still ends one in the subset
+    (data_dir / "queries.train.tsv").write_text("".join(lines))
+    scoring = pipeline.TeacherScoring(depth=16, negatives=8, negative_depth=16, queries=4, seed=29)
+    work = tmp_path / "w"
+    dry = pipeline.Pipeline(data_dir, work, [], ["test"], 100, 5, None, dry_run=True)
+    assert dry.training_topics(scoring) == work / "queries.train4.tsv" and not work.exists()
+    work.mkdir()
+    made = pipeline.Pipeline(data_dir, work, [], ["test"], 100, 5, None)
+    path = made.training_topics(scoring)
+    expected = list(lines)
+    random.Random(29).shuffle(expected)  # the commands that made the shipped debian-mores-2ib's subset
+    assert path.read_text() == "".join(line.rstrip("\n") + "\n" for line in expected[:4])
+    os.utime(path, ns=(0, 0))
+    made.training_topics(scoring)  # the same text: not rewritten, so the steps that read it are not redone
+    assert path.stat().st_mtime_ns == 0
+    path.write_text("stale\n")
+    made.training_topics(scoring)
+    assert path.read_text() == "".join(line.rstrip("\n") + "\n" for line in expected[:4])
+    assert made.training_topics(pipeline.TeacherScoring()) == data_dir / "queries.train.tsv"  # all of them

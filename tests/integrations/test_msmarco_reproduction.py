@@ -163,14 +163,50 @@ def test_eval_and_compare_steps_run_then_skip(tmp_path, capsys):
     assert "✓" in _row(report, "bm25", "dev", "MRR@10", "0.1875")
     assert "not run" in _row(report, "tk", "dev", "MRR@10")
 
-    code = reproduce.main(args)  # eval's output is newer than its runs: skipped; compare always runs
+    journal = json.loads((root / "pipeline.json").read_text())
+    assert journal["eval-dev"]["command"].startswith(f"python -m pyserini_mores.eval --qrels {root}/data/qrels.dev")
+    assert "compare" not in journal  # it exited 1 (numbers outside the tolerance): not finished
+
+    code = reproduce.main(args)  # eval is journaled and its output is newer than its runs: skipped; compare always runs
     printed = capsys.readouterr().out
-    assert f"# skip (done, {root}/eval/dev.json exists)" in printed
+    assert "[eval-dev] done (" in printed and "[eval-dev] $" not in printed
     assert "$ python integrations/msmarco_passage/compare.py" in printed or "compare.py --results-dir" in printed
 
     _write_run(root / "runs" / "mores-2ib.dev.trec", {"1": 1, "2": 1, "3": 1, "4": 1})  # a newer run: eval again
     reproduce.main(args)
-    assert f"$ python -m pyserini_mores.eval --qrels {root}/data/qrels.dev.txt" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert f"[eval-dev] {root}/runs/mores-2ib.dev.trec is newer than {root}/eval/dev.json: running it again" in printed
+    assert f"$ python -m pyserini_mores.eval --qrels {root}/data/qrels.dev.txt" in printed
+
+
+def test_outputs_made_before_the_journal_are_adopted_and_a_changed_command_is_refused(tmp_path, capsys):
+    root = tmp_path / "results"
+    _synthetic_dev_results(root)
+    args = ["--output-dir", str(root), "--models", "cross-encoder", "mores-2ib", "--topic-sets", "dev",
+            "--only", "eval"]
+    reproduce.main(args)
+    capsys.readouterr()
+    (root / "pipeline.json").unlink()  # an eval made before the pipeline kept a journal
+    assert reproduce.main(args) == 0
+    assert f"[eval-dev] found {root}/eval/dev.json, recorded as done" in capsys.readouterr().out
+    assert json.loads((root / "pipeline.json").read_text())["eval-dev"]["note"] == (
+        "finished before this pipeline's journal")
+    # the same outputs asked for with another command (another model set): refused, not silently kept
+    with pytest.raises(SystemExit, match=r"(?s)\[eval-dev\] finished earlier with another command:\n  then: .*"
+                                         r"cross-encoder\.dev\.trec.*\n  now:  .*delete \"eval-dev\" from"):
+        reproduce.main(["--output-dir", str(root), "--models", "mores-2ib", "--topic-sets", "dev", "--only", "eval"])
+
+
+def test_dry_run_marks_journaled_commands_done(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    plan = reproduce.build_plan(reproduce.parse_options(["--output-dir", str(out), "--models", "tk", "--dry-run"]))
+    train = next(command for command in plan if command.name == "train-tk")
+    (out / "pipeline.json").write_text(json.dumps({"train-tk": {"seconds": 5.0, "command": train.display()}}))
+    code, printed = dry_run(capsys, "--output-dir", str(out), "--models", "tk", "--only", "train")
+    assert code == 0, printed
+    assert f"  $ {train.display()}    # done (train-tk), skipped" in printed
+    assert "Dry run OK: 0 command(s) to run" in printed
 
 
 def test_compare_marks_numbers_and_claims_from_an_eval_json(tmp_path, capsys):

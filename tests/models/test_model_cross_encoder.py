@@ -175,3 +175,31 @@ def test_listwise_softmax_cross_entropy():
     nothing = listwise_softmax_cross_entropy(scores, torch.zeros(2, 2))
     nothing.backward()
     assert nothing.item() == 0.0 and scores.grad is not None
+
+
+def test_hidden_states_are_hf_berts_on_the_joined_pair(hf_backbone, cross_encoder, tokenizer):
+    """What hidden-state distillation reads of a teacher: every row after each of the top layers, as
+    ``transformers.BertModel(output_hidden_states=True)`` gives them on the same (unpadded) pair."""
+    _, hf_model = hf_backbone
+    pairs = [(QUERY, DOCUMENTS[0]), (LONG_QUERY, LONG_DOCUMENT)]
+    queries = cross_encoder.tokenize_queries([q for q, _ in pairs])
+    documents = cross_encoder.tokenize_documents([d for _, d in pairs])
+    with torch.no_grad():
+        states = cross_encoder.hidden_states(queries, documents, last=2)
+        logits = cross_encoder.forward_logits(queries, documents)
+    assert len(states) == 2
+    for index, (query, document) in enumerate(pairs):
+        query_ids = tokenizer(query, max_length=16, truncation=True)["input_ids"]
+        doc_ids = tokenizer(document, max_length=128, truncation=True)["input_ids"]
+        input_ids = torch.tensor([query_ids + doc_ids[1:]])
+        token_types = torch.tensor([[0] * len(query_ids) + [1] * (len(doc_ids) - 1)])
+        with torch.no_grad():
+            expected = hf_model(input_ids=input_ids, token_type_ids=token_types, output_hidden_states=True)
+        length = input_ids.shape[1]
+        for state, hf_state in zip(states, expected.hidden_states[-2:]):
+            torch.testing.assert_close(state[index, :length], hf_state[0], atol=1e-5, rtol=1e-5)
+        # the [CLS] row of the last state is what the head scores
+        torch.testing.assert_close(states[-1][index, 0] @ cross_encoder.head.weight.T + cross_encoder.head.bias,
+                                   logits[index], atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="last must be between 1 and the 2 layers, not 3"):
+        cross_encoder.hidden_states(queries, documents, last=3)

@@ -74,6 +74,19 @@ def test_mores_from_a_cross_encoder_copies_its_layers_and_head(cross_encoder_dir
     assert model.config.backbone == str(directory)
 
 
+@pytest.mark.parametrize("model_type", ["mores", "prettr"])
+def test_the_cross_encoder_is_loaded_once_for_its_layers_and_its_head(cross_encoder_dir, model_type, monkeypatch):
+    """A shipped cross-encoder is rebuilt from its own backbone, which takes seconds: one load serves both."""
+    directory, cross = cross_encoder_dir
+    loads = []
+    load = CrossEncoder.from_pretrained.__func__
+    monkeypatch.setattr(CrossEncoder, "from_pretrained",
+                        classmethod(lambda cls, *args, **kwargs: loads.append(args) or load(cls, *args, **kwargs)))
+    model = load_model(model_type, directory)
+    assert len(loads) == 1
+    assert torch.equal(model.ranking_head.weight, cross.head.weight)
+
+
 def test_a_head_of_another_shape_is_refused(cross_encoder_dir):
     directory, _ = cross_encoder_dir
     with pytest.raises(ValueError, match=r"cross-encoder's head is \(2, 32\), this mores head is \(1, 32\)"):

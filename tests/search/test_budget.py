@@ -196,6 +196,27 @@ def test_calibration_cache_round_trips_and_recalibrate_measures_again(tiny_index
     assert len(measured) == 4 and Calibration.from_dict(json.loads(files[0].read_text())).max_candidates == 10
 
 
+def test_a_cold_calibration_evicts_the_sidecar_before_every_timed_run_and_is_its_own_entry(
+        tiny_index, tiny_maxsim_dir, maxsim_sidecar, calibration_cache, monkeypatch):
+    searcher = maxsim_searcher(tiny_index, tiny_maxsim_dir, rerank_depth=10)
+    evictions = []
+    sidecar = searcher.reranker.sidecar
+    real_evict = sidecar.evict_from_page_cache
+
+    def counting_evict():
+        evictions.append(1)
+        real_evict()
+
+    monkeypatch.setattr(sidecar, "evict_from_page_cache", counting_evict)
+    warm = searcher.calibrate(repeats=1, num_queries=2)
+    assert evictions == [] and "page_cache" not in warm.key
+    cold = searcher.calibrate(repeats=1, num_queries=2, cold_cache=True)
+    assert len(evictions) == 2 * len(cold.points)  # every timed run: 2 queries x each size, one round
+    assert cold.key["page_cache"] == "cold"
+    assert len(list(calibration_cache.glob("maxsim-*.json"))) == 2
+    assert searcher.calibrate(cold_cache=True) == cold and searcher.calibrate() == warm  # each from its entry
+
+
 def test_a_budgeted_search_calibrates_on_first_use(tiny_index, tiny_maxsim_dir, maxsim_sidecar, calibration_cache):
     searcher = maxsim_searcher(tiny_index, tiny_maxsim_dir, rerank_depth=5, time_budget_ms=1e6)
     assert searcher.calibration is None

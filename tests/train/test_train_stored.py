@@ -17,6 +17,7 @@ from pyserini_mores.models import load_model, pad_documents
 from pyserini_mores.sidecar import open_sidecar
 from pyserini_mores.sidecar.build import build_sidecar
 from pyserini_mores.train.data import GroupCollator, TrainingGroup, load_groups, mine_negatives, write_triples
+from pyserini_mores.train.hidden import HiddenStateDistillation
 from pyserini_mores.train.objectives import RankingObjective
 from pyserini_mores.train.stored import (
     StoredGroupCollator,
@@ -85,6 +86,39 @@ def test_loss_from_stored_documents_equals_the_training_forward_from_text(tmp_pa
         stored = StoredRankingObjective(model, loss)(**StoredGroupCollator(model, documents)(groups))["loss"]
     assert from_text > 0.05
     torch.testing.assert_close(stored, from_text, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("loss", ["pointwise", "listwise"])
+@pytest.mark.parametrize("model_type, overrides", VARIANTS)
+def test_hidden_state_distillation_from_stored_documents_equals_the_one_from_text(tmp_path, tiny_index, tokenizer,
+                                                                                  triples, model_type, overrides,
+                                                                                  loss):
+    """The teacher reads the triples' texts; the student its stored documents: the same losses as from text."""
+    _, model, sidecar = _saved_model_and_sidecar(tmp_path, tiny_index, tokenizer, model_type, overrides)
+    model.eval()
+    teacher = _tiny_model("cross-encoder", tokenizer)  # 2 layers: the student's 2 blocks (PreTTR: l = 2 of 4)
+    hidden = HiddenStateDistillation(teacher, model, weight=0.5)
+    groups = _groups_of_every_query(triples)
+    documents = open_stored_documents(model, sidecar, tiny_index)
+    with torch.no_grad():
+        from_text = RankingObjective(model, loss, hidden=hidden)(**GroupCollator(model, hidden)(groups))
+        stored = StoredRankingObjective(model, loss, hidden=hidden)(
+            **StoredGroupCollator(model, documents, hidden)(groups))
+    assert from_text["hidden_loss"] > 0.01
+    for name in ("loss", "ranking_loss", "hidden_loss"):
+        torch.testing.assert_close(stored[name], from_text[name], rtol=0, atol=1e-5)
+
+
+def test_training_against_the_sidecar_with_a_hidden_teacher(tmp_path, tiny_index, tokenizer, triples):
+    init, model, sidecar = _saved_model_and_sidecar(tmp_path, tiny_index, tokenizer, "mores", {"reuse": "s2"})
+    _tiny_model("cross-encoder", tokenizer).save_pretrained(tmp_path / "teacher")
+    settings = TrainingSettings(model_type="mores", init=str(init), triples=str(triples), output=str(tmp_path / "out"),
+                                batch_size=8, max_steps=3, lr=1e-2, seed=3, save_steps=1000, logging_steps=1,
+                                doc_sidecar=str(sidecar), doc_index=str(tiny_index),
+                                hidden_teacher=str(tmp_path / "teacher"))
+    result = train(settings, progress=False)
+    assert all(entry["hidden_loss"] > 0 for entry in result.log_history)
+    assert result.model.store_fingerprint() == model.store_fingerprint()
 
 
 #: every model that scores stored documents, and the code paths of ``score`` that differ in how they use the query
