@@ -105,6 +105,22 @@ def test_scoring_runs_on_the_device_and_scores_come_back_as_floats(device, preci
     searcher.close()
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_batches_travel_through_pinned_memory_to_a_gpu_and_are_never_overwritten_in_flight(
+        device, tiny_index, tiny_maxsim_dir, maxsim_sidecar):
+    """Batches of 2 through one reused buffer: pinned (page-locked) for a GPU, whose asynchronous copy the next batch
+    waits for, so that every candidate keeps its own vectors; pageable on the CPU."""
+    reference = get_reranker("maxsim", model=str(tiny_maxsim_dir), device="cpu", precision="fp32")
+    reranker = get_reranker("maxsim", model=str(tiny_maxsim_dir), device=device, precision="fp32", batch_size=2)
+    searcher = open_searcher(tiny_index)
+    sidecar = open_sidecar(maxsim_sidecar)
+    texts = [text for _, _, text in iter_index_documents(searcher)]
+    np.testing.assert_allclose(_scores(reranker, sidecar, texts), _scores(reference, sidecar, texts), rtol=1e-4,
+                               atol=1e-4)
+    assert reranker._batch_buffer().pin_memory == (device == "cuda")
+    searcher.close()
+
+
 def _spy_on_inputs(reranker) -> dict:
     """Record the device of every tensor given to the scoring model, and whether autocast was on for the device."""
     seen = {"devices": set(), "autocast": set()}

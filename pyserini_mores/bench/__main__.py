@@ -31,11 +31,10 @@ import logging
 import sys
 
 from .._cli import device_name, run_parsed, setup_logging
+from .names import BASELINES
 
 logger = logging.getLogger(__name__)
 
-#: the baselines' names (pyserini_mores.bench.baselines.BASELINES), here so that --help need not import torch
-BASELINES = ("hf-bert-sdpa", "st-crossencoder")
 
 QUICK = {"backbones": ["minilm"], "doc_lens": [128], "repetitions": 3, "max_rep_seconds": 2.0}
 FULL = {"backbones": ["bert-base", "minilm"], "doc_lens": [128, 512], "repetitions": 5, "max_rep_seconds": 10.0}

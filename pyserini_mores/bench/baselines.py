@@ -22,10 +22,8 @@ from torch import nn
 from ..models._layers import convert_hf_bert_state_dict
 from ..models.cross_encoder import CrossEncoder
 from ..models.flops import EncoderShape, FlopCount, Term, bert_layer, linear
+from .names import BASELINES, HF_BERT, ST_CROSS_ENCODER
 
-HF_BERT = "hf-bert-sdpa"
-ST_CROSS_ENCODER = "st-crossencoder"
-BASELINES = (HF_BERT, ST_CROSS_ENCODER)
 #: the project's cross-encoder, whose weights the baselines run
 PROJECT_CROSS_ENCODER = CrossEncoder.model_type
 #: the models a speed-up is measured against: the fastest of them in each (backbone, doc_len, precision)

@@ -144,10 +144,14 @@ class ModelReranker(Reranker):
         :meth:`~pyserini_mores.sidecar.SidecarReader.get_batch`): gathered on the CPU from the memory map, into
         ``buffer``, then copied. On the CPU the reader converts into its buffer; elsewhere the rows travel in the
         stored precision (fp16: half the bytes of fp32) and are converted on the device. The buffer is pageable
-        memory, which the copy has read when ``to`` returns, so the next batch may overwrite it."""
+        memory on the CPU; for a GPU it is pinned, so the copy runs asynchronously and the buffer waits for it before
+        the next batch overwrites it (see :class:`~pyserini_mores.sidecar.BatchBuffer`)."""
         on_cpu = self.device.type == "cpu"
         docs, lengths = self.sidecar.get_batch(rows, dtype=dtype if on_cpu else None, buffer=buffer, heads=heads)
-        return docs.to(self.device, non_blocking=True).to(dtype), lengths.to(self.device, non_blocking=True)
+        docs, lengths = docs.to(self.device, non_blocking=True), lengths.to(self.device, non_blocking=True)
+        if buffer is not None:
+            buffer.in_flight(self.device)
+        return docs.to(dtype), lengths
 
     def rescore(self, query: Query, texts: list[Text]) -> list[Text]:
         if not texts:
@@ -218,10 +222,16 @@ class ModelReranker(Reranker):
             documents = [_require_text(text, self.name) for text in texts]
             return _concat([model.score_texts(query, documents[start:stop]).float().cpu()
                             for start, stop in self._batches(len(documents), deadline, per_candidate_ms)])
-        query_state = model.encode_query(self._on_device(model.tokenize_queries([query])))
         if self.sidecar is None:
+            query_state = model.encode_query(self._on_device(model.tokenize_queries([query])))
             return self._score_from_text(query_state, texts, deadline, per_candidate_ms)
         rows = self._sidecar_rows(texts)
+        if deadline is not None:
+            # What overshoots a deadline is cold reads, one page fault at a time: issue them all now, so that they
+            # overlap each other, the query's encoding and the first batches (a warm sidecar pays a page look-up
+            # per page, ~7 µs per MaxSim row, which is why this is not done without a deadline).
+            self.sidecar.prefetch(rows)
+        query_state = model.encode_query(self._on_device(model.tokenize_queries([query])))
         scores = torch.empty(len(texts))
         # Group candidates of similar length so batches carry little padding: all of them, or under a deadline
         # within each batch, since batches then follow the given order (the best first-stage candidates first).
@@ -256,7 +266,7 @@ class ModelReranker(Reranker):
         """This thread's reusable batch memory (candidates of one batch are scored before the next is read)."""
         buffer = getattr(self._buffers, "buffer", None)
         if buffer is None:
-            buffer = self._buffers.buffer = BatchBuffer()
+            buffer = self._buffers.buffer = BatchBuffer(pin_memory=self.device.type == "cuda")
         return buffer
 
     def _score_from_text(self, query_state: Any, texts: list[Text], deadline: float | None = None,

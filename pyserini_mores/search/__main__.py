@@ -100,10 +100,51 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_search(args: argparse.Namespace) -> int:
-    # The searcher imports torch: only now, so that --help stays instant.
-    from .first_stage import Dense, Hybrid, Rm3
-    from .sample import DEFAULT_MODEL, DEFAULT_MODEL_ARGS, DEFAULT_RERANKER, prepare_sample, sample_searcher
-    from .searcher import RerankingSearcher
+    first_stage = first_stage_of(args)  # contradictory flags fail before the sample, index or model loads
+    if args.time_budget_ms is not None and not args.time_budget_ms >= 0:
+        raise ValueError("--time-budget-ms must be >= 0")
+    inputs = resolve_inputs(args)
+    searcher = open_searcher(args, inputs, first_stage)
+    print(f"Index: {searcher.index.path} ({searcher.num_docs} documents), first stage: "
+          f"{describe_first_stage(searcher, args.run)}; reranker: {describe_reranker(searcher.reranker)}"
+          + (f", sidecar {searcher.sidecar_path}" if searcher.sidecar_path else ""))
+    budgeted = args.time_budget_ms is not None and 0 < args.time_budget_ms < float("inf") and args.rerank_depth
+    if budgeted:  # calibrated now, after the sidecar is attached, so that no query's time includes it
+        calibration = searcher.calibrate(recalibrate=args.recalibrate)
+        print(f"Time budget {args.time_budget_ms:g} ms/query; calibrated cost {calibration.describe()}")
+
+    candidates = None
+    if args.run:
+        candidates = searcher.run_first_stage(args.run, inputs.topics, k=args.hits, run_format=args.run_format,
+                                              skip_unknown_docids=args.skip_unknown_docids)
+    searched = search_topics(searcher, inputs.topics, hits=args.hits, batch_size=args.batch_size,
+                             threads=args.threads, keep_bm25=inputs.qrels is not None, candidates=candidates)
+    report_search(args, searcher, inputs, searched, first_stage)
+    searcher.close()
+    return 0
+
+
+@dataclass
+class SearchInputs:
+    """What a search command runs on: the index, topics and qrels (the embedded sample's when no --index), and the
+    reranker with its model and config overrides."""
+
+    index: str
+    topics: dict[str, str]
+    qrels: dict[str, dict[str, int]] | None
+    reranker: str
+    model: str | None
+    overrides: dict
+    sample: object | None = None  # the embedded sample, when it is what runs
+
+    @property
+    def embedded(self) -> bool:
+        return self.sample is not None
+
+
+def resolve_inputs(args: argparse.Namespace) -> SearchInputs:
+    """The index, topics, qrels and reranker the flags name, or the embedded sample's (prepared on first use)."""
+    from .sample import DEFAULT_MODEL, DEFAULT_MODEL_ARGS, DEFAULT_RERANKER, prepare_sample
 
     embedded = args.index is None
     if embedded != (args.topics is None):
@@ -112,7 +153,7 @@ def run_search(args: argparse.Namespace) -> int:
     reranker_name = args.reranker or (DEFAULT_RERANKER if embedded else "bm25")
     if reranker_name != "bm25":
         resolve_device(args.device)  # a GPU that is not there fails now, before the sample, index or model loads
-    model = args.model
+    model, sample = args.model, None
     if embedded:
         sample = prepare_sample()
         index, topics_arg, qrels_arg = sample.index, str(sample.topics), args.qrels or str(sample.qrels)
@@ -128,14 +169,21 @@ def run_search(args: argparse.Namespace) -> int:
     qrels = load_qrels(qrels_arg) if qrels_arg else None
     if qrels is not None:  # judge only the topics searched (--max-queries), else the missing ones count as 0
         qrels = {qid: judged for qid, judged in qrels.items() if qid in topics}
+    return SearchInputs(index=index, topics=topics, qrels=qrels, reranker=reranker_name, model=model,
+                        overrides=overrides, sample=sample)
+
+
+def open_searcher(args: argparse.Namespace, inputs: SearchInputs, first_stage: str):
+    """The :class:`~.searcher.RerankingSearcher` the flags describe (the sample's own for the embedded default)."""
+    # The searcher imports torch: only now, so that --help stays instant.
+    from .first_stage import Dense, Hybrid, Rm3
+    from .sample import sample_searcher
+    from .searcher import RerankingSearcher
 
     reranker_kwargs = {}
-    if reranker_name != "bm25":
-        reranker_kwargs = {"model": model, "batch_size": args.rerank_batch_size, "precision": args.precision,
-                           "device": args.device, **overrides}
-    if args.time_budget_ms is not None and not args.time_budget_ms >= 0:
-        raise ValueError("--time-budget-ms must be >= 0")
-    first_stage = first_stage_of(args)
+    if inputs.reranker != "bm25":
+        reranker_kwargs = {"model": inputs.model, "batch_size": args.rerank_batch_size, "precision": args.precision,
+                           "device": args.device, **inputs.overrides}
     searcher_kwargs = dict(k1=args.k1, b=args.b, rerank_depth=args.rerank_depth, time_budget_ms=args.time_budget_ms,
                            interpolate=args.interpolate,
                            **reranker_kwargs)
@@ -148,26 +196,16 @@ def run_search(args: argparse.Namespace) -> int:
     if first_stage == "hybrid":
         searcher_kwargs.update(hybrid=Hybrid(Hybrid.alpha if args.hybrid_alpha is None else args.hybrid_alpha,
                                              args.hybrid_normalization, args.hybrid_weight_on_dense))
-    if embedded and not args.sidecar:
-        searcher = sample_searcher(sample, reranker_name, **searcher_kwargs)
-    else:
-        searcher = RerankingSearcher(index, reranker_name, sidecar=args.sidecar or "auto", require_sidecar=True,
-                                     **searcher_kwargs)
-    print(f"Index: {searcher.index.path} ({searcher.num_docs} documents), first stage: "
-          f"{describe_first_stage(searcher, args.run)}; reranker: {describe_reranker(searcher.reranker)}"
-          + (f", sidecar {searcher.sidecar_path}" if searcher.sidecar_path else ""))
-    budgeted = args.time_budget_ms is not None and 0 < args.time_budget_ms < float("inf") and args.rerank_depth
-    if budgeted:  # calibrated now, after the sidecar is attached, so that no query's time includes it
-        calibration = searcher.calibrate(recalibrate=args.recalibrate)
-        print(f"Time budget {args.time_budget_ms:g} ms/query; calibrated cost {calibration.describe()}")
+    if inputs.embedded and not args.sidecar:
+        return sample_searcher(inputs.sample, inputs.reranker, **searcher_kwargs)
+    return RerankingSearcher(inputs.index, inputs.reranker, sidecar=args.sidecar or "auto", require_sidecar=True,
+                             **searcher_kwargs)
 
-    candidates = None
-    if args.run:
-        candidates = searcher.run_first_stage(args.run, topics, k=args.hits, run_format=args.run_format,
-                                              skip_unknown_docids=args.skip_unknown_docids)
-    searched = search_topics(searcher, topics, hits=args.hits, batch_size=args.batch_size, threads=args.threads,
-                             keep_bm25=qrels is not None, candidates=candidates)
-    results = searched.results
+
+def report_search(args: argparse.Namespace, searcher, inputs: SearchInputs, searched: TopicSearch,
+                  first_stage: str) -> None:
+    """Write the run (--output), then print the rerank times, the budget's depths, the metrics and examples."""
+    results, topics = searched.results, inputs.topics
     first_stage_label = "run" if args.run else {"bm25": "BM25", "bm25+rm3": "BM25+RM3", "dense": "dense",
                                                   "hybrid": "hybrid"}[first_stage]
     label = searcher.reranker.name
@@ -190,13 +228,11 @@ def run_search(args: argparse.Namespace) -> int:
             print(f"Stopped at the deadline: {len(cut)} of {len(depths)} queries, which scored "
                   f"{sum(stats.scored for stats in cut)} of the {sum(stats.depth for stats in cut)} candidates "
                   "their depth allowed")
-    if qrels is not None:
-        print_metrics(qrels, {first_stage_label: searched.bm25, label: results})
-    examples = args.examples if args.examples is not None else (3 if embedded else 0)
+    if inputs.qrels is not None:
+        print_metrics(inputs.qrels, {first_stage_label: searched.bm25, label: results})
+    examples = args.examples if args.examples is not None else (3 if inputs.embedded else 0)
     if examples:
         print_examples(searcher, topics, results, examples)
-    searcher.close()
-    return 0
 
 
 def first_stage_of(args: argparse.Namespace) -> str:

@@ -107,6 +107,8 @@ def define_build_args(parser: argparse.ArgumentParser) -> None:
                             "instance already started in this process, else a new local one")
     group.add_argument("--max-retries", type=int, default=3, help="Ray: retries of a failed shard task")
     group.add_argument("--cpus-per-task", type=float, default=1.0, help="Ray: CPUs reserved by each shard task")
+    group.add_argument("--gpus-per-task", type=float, default=None,
+                       help="Ray: GPUs reserved by each shard task (default: 1 with --device cuda, else 0)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -141,7 +143,7 @@ def _build(args: argparse.Namespace) -> int:
             batch_size=args.batch_size, dtype=args.dtype, codec=args.codec, pq_subquantizers=args.pq_subquantizers,
             precision=args.precision, device=args.device, overwrite=args.overwrite, restart=args.restart,
             shards=args.shards, shard=args.shard, engine=args.engine, address=args.address,
-            max_retries=args.max_retries, cpus_per_task=args.cpus_per_task)
+            max_retries=args.max_retries, cpus_per_task=args.cpus_per_task, gpus_per_task=args.gpus_per_task)
         if options.engine == "ray":
             import_ray()  # before loading any model: say at once what to install
         resolve_device(options.device)  # likewise: a GPU that is not there fails before the model loads

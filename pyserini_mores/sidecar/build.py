@@ -85,6 +85,8 @@ class BuildOptions:
         engine: ``local`` (shards one after the other here) or ``ray`` (one Ray task per shard).
         address, max_retries, cpus_per_task: the Ray cluster, the retries of a failed shard task and the CPUs
             each task reserves.
+        gpus_per_task: the GPUs each Ray task reserves (``None``: 1 when ``device`` is CUDA, else 0); a task that
+            reserves one encodes on the GPU Ray gives it.
 
     Raises:
         ValueError: inconsistent sharding options (the message names the command-line flags).
@@ -109,6 +111,7 @@ class BuildOptions:
     address: str | None = None
     max_retries: int = 3
     cpus_per_task: float = 1.0
+    gpus_per_task: float | None = None
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -215,8 +218,13 @@ def _build_every_shard(options: BuildOptions, inputs: _BuildInputs) -> Path:
         logger.warning("%d of %d shards are already built (%s); building the other %d", len(skipped),
                        plan.num_shards, ", ".join(map(str, skipped)), len(plan.todo))
     if options.engine == "ray":
+        gpus = options.gpus_per_task
+        if gpus is None:
+            gpus = 1.0 if resolve_device(options.device).type == "cuda" else 0.0
+        if gpus > 0:  # a task sees only the GPUs Ray gives it, from cuda:0: the driver's cuda:N means nothing there
+            options = dataclasses.replace(options, device="cuda")
         build_shards_on_ray(options, plan, build_shard, address=options.address, max_retries=options.max_retries,
-                            cpus_per_task=options.cpus_per_task)
+                            cpus_per_task=options.cpus_per_task, gpus_per_task=gpus)
     else:
         for shard in plan.todo:
             inputs.build(plan.paths[shard], shard=(shard, plan.num_shards), expect_build_id=plan.build_id)

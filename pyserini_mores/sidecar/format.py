@@ -261,6 +261,13 @@ def _positive_int(value: Any) -> bool:
 
 def read_manifest(path: str | os.PathLike) -> Manifest:
     """Read ``<path>/manifest.json`` (``path`` is the sidecar directory). Pure JSON: no torch, no memmaps."""
+    file, data = read_manifest_object(path)
+    return Manifest.from_dict(data, source=str(file))
+
+
+def read_manifest_object(path: str | os.PathLike) -> tuple[Path, dict]:
+    """``<path>/manifest.json`` and the JSON object it holds (of a sidecar or a sharded one), or a
+    :class:`SidecarCorruptError` that says what is wrong with it."""
     file = Path(path) / MANIFEST
     try:
         data = json.loads(file.read_text(encoding="utf-8"))
@@ -270,7 +277,7 @@ def read_manifest(path: str | os.PathLike) -> Manifest:
         raise SidecarCorruptError(f"{file} is unreadable: {error}") from None
     if not isinstance(data, dict):
         raise SidecarCorruptError(f"{file} does not hold a JSON object")
-    return Manifest.from_dict(data, source=str(file))
+    return file, data
 
 
 # ---- where sidecars live -----------------------------------------------------------------------------------------

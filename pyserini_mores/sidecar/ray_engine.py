@@ -31,14 +31,16 @@ def import_ray():
 
 
 def build_shards_on_ray(options: Any, plan: ShardPlan, shard_task: Callable[[Any, int, str, str], str], *,
-                        address: str | None = None, max_retries: int = 3, cpus_per_task: float = 1.0) -> list[int]:
+                        address: str | None = None, max_retries: int = 3, cpus_per_task: float = 1.0,
+                        gpus_per_task: float = 0.0) -> list[int]:
     """Build the shards ``plan.todo`` as parallel Ray tasks; returns the shards built.
 
     Uses the Ray instance already initialized in this process, else connects to ``address`` (or starts a local
     instance, shut down at the end). Each task runs ``shard_task(options, shard, path, build_id)`` (the build's
     :func:`.build.build_shard`), which loads the model, opens the index and writes one shard directory; ``options``
     travels to the workers pickled, so it holds plain values. Ray retries a task up to ``max_retries`` times, and a
-    retry resumes the shard's ``.partial`` build where the failed attempt committed it.
+    retry resumes the shard's ``.partial`` build where the failed attempt committed it. Each task reserves
+    ``cpus_per_task`` CPUs and ``gpus_per_task`` GPUs (Ray then makes only those GPUs visible to it).
 
     Raises:
         SidecarError: when shards still fail after their retries (the finished ones are kept for a re-run).
@@ -56,7 +58,8 @@ def build_shards_on_ray(options: Any, plan: ShardPlan, shard_task: Callable[[Any
         logger.warning("Ray is already initialized in this process; ignoring --address %s", address)
     try:
         task = ray.remote(shard_task).options(
-            num_cpus=cpus_per_task, max_retries=max_retries, retry_exceptions=True, name="sidecar-shard")
+            num_cpus=cpus_per_task, num_gpus=gpus_per_task, max_retries=max_retries, retry_exceptions=True,
+            name="sidecar-shard")
         shard_of = {task.remote(options, shard, str(plan.paths[shard]), plan.build_id): shard for shard in plan.todo}
         failures: dict[int, BaseException] = {}
         with tqdm(total=len(shard_of), unit="shard", desc=f"sidecar {plan.output.name} on Ray") as bar:

@@ -35,6 +35,7 @@ from .format import (
     SidecarMismatchError,
     json_normalized,
     read_manifest,
+    read_manifest_object,
     short_hash,
     size_problems,
 )
@@ -178,15 +179,7 @@ def is_sharded(path: str | os.PathLike) -> bool:
 
 def read_sharded_manifest(path: str | os.PathLike) -> ShardedManifest:
     """Read ``<path>/manifest.json`` of a sharded sidecar. Pure JSON."""
-    file = Path(path) / MANIFEST
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SidecarCorruptError(f"{file} is missing: {path} is not a complete sidecar") from None
-    except (OSError, ValueError) as error:
-        raise SidecarCorruptError(f"{file} is unreadable: {error}") from None
-    if not isinstance(data, dict):
-        raise SidecarCorruptError(f"{file} does not hold a JSON object")
+    file, data = read_manifest_object(path)
     return ShardedManifest.from_dict(data, source=str(file))
 
 

@@ -21,8 +21,16 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from ..models import RankingModel, load_model
+from ..models import RankingModel, load_model, model_class
 from ..models.losses import hidden_state_mse
+
+
+def require_query_states(model_type: str) -> None:
+    """Refuse a model type whose query states do not mirror a cross-encoder's layers (checked before any model
+    loads: MORES and PreTTR expose theirs, see ``interaction_layers``)."""
+    if not hasattr(model_class(model_type), "interaction_layers"):
+        raise ValueError(f"a '{model_type}' model has no query states that mirror a cross-encoder's layers; "
+                         "hidden-state distillation trains MORES and PreTTR")
 
 
 class HiddenStateDistillation:
@@ -42,10 +50,8 @@ class HiddenStateDistillation:
         if getattr(teacher, "model_type", None) != "cross-encoder":
             raise ValueError(f"the hidden-state teacher must be a cross-encoder, not a "
                              f"'{getattr(teacher, 'model_type', type(teacher).__name__)}' model")
-        layers = getattr(student, "interaction_layers", None)
-        if layers is None:
-            raise ValueError(f"a '{student.model_type}' model has no query states that mirror a cross-encoder's "
-                             "layers; hidden-state distillation trains MORES and PreTTR")
+        require_query_states(student.model_type)
+        layers = student.interaction_layers
         student_width = student.config.encoder.hidden_size
         teacher_width = teacher.config.encoder.hidden_size
         if student_width != teacher_width:

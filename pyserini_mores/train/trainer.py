@@ -48,7 +48,7 @@ from ..models.registry import ModelTable
 from ._choices import LOSSES, SCHEDULERS, TEACHER_LOSSES, TRAIN_MODULES
 from .data import GroupCollator, TrainingGroup, load_groups, with_batch_negatives
 from .dev import DevEvaluator, gather_dev_candidates
-from .hidden import HiddenStateDistillation
+from .hidden import HiddenStateDistillation, require_query_states
 from .objectives import (UNSCORED_TRIPLES, RankingObjective, batch_to_device, count_parameters, parameter_groups,
                          select_trainable, set_dropout)
 from .stored import StoredGroupCollator, StoredRankingObjective, freeze_store_parameters, open_stored_documents
@@ -205,9 +205,7 @@ class TrainingSettings:
         if self.hidden_weight is not None and self.hidden_teacher is None:
             raise ValueError("hidden_weight weighs the hidden-state loss of a hidden_teacher; name the teacher")
         if self.hidden_teacher is not None:
-            if not hasattr(model_class(self.model_type), "interaction_layers"):
-                raise ValueError(f"a '{self.model_type}' model has no query states that mirror a cross-encoder's "
-                                 "layers; hidden_teacher trains MORES and PreTTR")
+            require_query_states(self.model_type)
             self.hidden_weight = 1.0 if self.hidden_weight is None else self.hidden_weight
             if not self.hidden_weight > 0:
                 raise ValueError(f"hidden_weight must be positive, not {self.hidden_weight}")

@@ -240,3 +240,39 @@ def test_an_evicted_sidecar_reads_the_same_vectors(maxsim_sidecar):
         reader.evict_from_page_cache()
         after, lengths_after = reader.get_batch(rows)
         assert (after == before).all() and (lengths_after == lengths).all()
+
+
+def test_a_prefetched_sidecar_reads_the_same_vectors_and_refuses_rows_it_does_not_hold(maxsim_sidecar):
+    from pyserini_mores.sidecar import open_sidecar
+
+    with open_sidecar(maxsim_sidecar) as reader:
+        rows = list(range(reader.num_docs))[::-1]
+        before, lengths = reader.get_batch(rows)
+        before = before.clone()
+        reader.evict_from_page_cache()
+        reader.prefetch(rows)
+        reader.prefetch([])
+        after, lengths_after = reader.get_batch(rows)
+        assert (after == before).all() and (lengths_after == lengths).all()
+        with pytest.raises(IndexError):
+            reader.prefetch([reader.num_docs])
+
+
+def test_under_a_deadline_the_candidates_rows_are_prefetched_in_their_order_before_any_scoring(
+        slow_searcher, lucene, monkeypatch):
+    if slow_searcher.sidecar_path is None:
+        pytest.skip("from text: nothing to prefetch")
+    reranker = slow_searcher.reranker
+    events = []
+    monkeypatch.setattr(reranker.sidecar, "prefetch", lambda rows: events.append(("prefetch", list(rows))),
+                        raising=False)
+    score = reranker.model.score
+    monkeypatch.setattr(reranker.model, "score", lambda *a, **k: events.append(("score",)) or score(*a, **k),
+                        raising=False)
+    bm25 = lucene.search(QUERIES[0], k=20)
+    slow_searcher.rerank_hits(QUERIES[0], bm25)
+    assert events[0] == ("prefetch", [hit.lucene_docid for hit in bm25])
+    assert events[1:] and all(event == ("score",) for event in events[1:])
+    events.clear()
+    slow_searcher.rerank_hits(QUERIES[0], bm25, time_budget_ms=None)  # no deadline: no prefetch
+    assert events and all(event == ("score",) for event in events)

@@ -394,3 +394,43 @@ def test_ray_build_retries_a_dead_worker_resumes_its_shard_and_skips_finished_sh
     assert {line.split()[0] for line in log.read_text().splitlines()} == {"1"}
     assert (output / "shard-00000-of-00002" / "manifest.json").stat().st_mtime_ns == shard0_manifest
     assert torch.equal(open_sidecar(output).get_batch(range(20))[0], whole.get_batch(range(20))[0])
+
+
+def test_ray_shard_tasks_reserve_the_cpus_and_gpus_asked_for(monkeypatch, tmp_path):
+    from pyserini_mores.sidecar.ray_engine import build_shards_on_ray
+    from pyserini_mores.sidecar.shards import ShardPlan
+
+    reserved, started = {}, []
+
+    class FakeRay:  # what build_shards_on_ray asks of Ray, recorded
+        @staticmethod
+        def is_initialized():
+            return True
+
+        @staticmethod
+        def remote(function):
+            class Task:
+                def options(self, **options):
+                    reserved.update(options)
+                    return self
+
+                def remote(self, options, shard, path, build_id):
+                    started.append(shard)
+                    return shard
+
+            return Task()
+
+        @staticmethod
+        def wait(refs, num_returns):
+            return refs[:num_returns], refs[num_returns:]
+
+        @staticmethod
+        def get(ref):
+            return ref
+
+    monkeypatch.setitem(sys.modules, "ray", FakeRay)
+    plan = ShardPlan(tmp_path, 2, "build", [tmp_path / "shard-0", tmp_path / "shard-1"], [0, 1])
+    assert build_shards_on_ray(None, plan, lambda *args: None, cpus_per_task=2.0, gpus_per_task=1.0) == [0, 1]
+    assert started == [0, 1] and reserved["num_cpus"] == 2.0 and reserved["num_gpus"] == 1.0
+    build_shards_on_ray(None, plan, lambda *args: None)
+    assert reserved["num_gpus"] == 0.0

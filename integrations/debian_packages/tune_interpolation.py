@@ -1,0 +1,67 @@
+"""Choose ``search --interpolate ALPHA`` on dev queries from two run files, without reranking again.
+
+The reranked run must hold every reranked candidate with the reranker's own score (``search --rerank-depth D --hits
+D`` without ``--interpolate``); the first-stage run gives each candidate's first-stage score (e.g. ``search`` with no
+reranker, or its ``--output``). Each alpha of the grid fuses the two lists exactly as ``--interpolate`` does
+(:func:`pyserini_mores.search.fusion.interpolate`) and is evaluated with pytrec_eval's measures; the best alpha by
+the chosen metric is printed last, then used once on test::
+
+    python integrations/debian_packages/tune_interpolation.py --reranked mores.dev.trec --first-stage bm25.dev.trec \\
+        --qrels qrels.dev.txt
+    python -m pyserini_mores.search --index INDEX --topics queries.test.tsv --qrels qrels.test.txt \\
+        --reranker mores --rerank-depth 30 --interpolate ALPHA
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from pyserini_mores.eval.metrics import evaluate
+from pyserini_mores.formats import read_qrels, read_ranked_run
+from pyserini_mores.search.fusion import interpolate
+from pyserini_mores.types import Text
+
+DEFAULT_ALPHAS = [round(step / 20, 2) for step in range(21)]
+
+
+def fused_run(reranked: dict[str, list[tuple[str, float]]], first_stage: dict[str, list[tuple[str, float]]],
+              alpha: float) -> dict[str, dict[str, float]]:
+    """qid → {docid → interpolated score} over each query's reranked candidates.
+
+    Raises:
+        ValueError: a reranked candidate the first-stage run does not score for its query.
+    """
+    fused = {}
+    for qid, ranking in reranked.items():
+        first_stage_scores = dict(first_stage.get(qid, []))
+        missing = [docid for docid, _ in ranking if docid not in first_stage_scores]
+        if missing:
+            raise ValueError(f"query {qid}: the first-stage run does not score {len(missing)} reranked candidates "
+                             f"(e.g. {missing[0]}): give the run the reranker reranked")
+        texts = [Text(None, {"docid": docid, "first_stage_score": first_stage_scores[docid]}, score)
+                 for docid, score in ranking]
+        fused[qid] = {text.metadata["docid"]: text.score for text in interpolate(texts, alpha)}
+    return fused
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--reranked", required=True, help="the reranker's run (every reranked candidate, own score)")
+    parser.add_argument("--first-stage", required=True, help="the first stage's run over the same candidates")
+    parser.add_argument("--qrels", required=True)
+    parser.add_argument("--metric", default="MRR@10")
+    parser.add_argument("--alphas", type=float, nargs="+", default=DEFAULT_ALPHAS)
+    args = parser.parse_args(argv)
+    reranked, first_stage = read_ranked_run(args.reranked), read_ranked_run(args.first_stage)
+    qrels = read_qrels(args.qrels)
+    scores = {}
+    for alpha in args.alphas:
+        scores[alpha] = evaluate(fused_run(reranked, first_stage, alpha), qrels, [args.metric]).aggregate[args.metric]
+        print(f"alpha {alpha:g}: {args.metric} {scores[alpha]:.4f}")
+    best = max(scores, key=lambda alpha: (scores[alpha], alpha))
+    print(f"best alpha {best:g}: {args.metric} {scores[best]:.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
