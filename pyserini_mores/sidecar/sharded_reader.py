@@ -135,6 +135,11 @@ class ShardedSidecarReader(ManifestMetadata):
         return docs, lengths.to(device)
 
     # ---- docids --------------------------------------------------------------------------------------------------
+    def prefetch(self, rows: Sequence[int] | np.ndarray) -> None:
+        """As :meth:`SidecarReader.prefetch`: each shard's rows, in their order within the shard."""
+        for shard, _, local in self._split(self._check_rows(rows)):
+            shard.prefetch(local)
+
     def docid(self, row: int) -> str:
         (shard, _, local), = self._split(self._check_rows([row]))
         return shard.docid(int(local[0]))

@@ -109,6 +109,11 @@ def test_sharded_reads_equal_the_unsharded_sidecar_byte_for_byte(sharded, shards
         assert all(torch.equal(a, b) for a, b in zip(one_shard, whole.get_batch([9, 8, 12], heads=heads)))
     empty = reader.get_batch([])
     assert empty[0].shape == (0, 0, whole.dim) and empty[1].shape == (0,)
+    reader.evict_from_page_cache()
+    reader.prefetch(rows)  # each shard's own rows; then the same vectors
+    assert torch.equal(reader.get_batch(rows)[0], whole.get_batch(rows)[0])
+    with pytest.raises(IndexError, match="row 20 is out of range"):
+        reader.prefetch([20])
     assert np.array_equal(reader.get(14), whole.get(14))
     docids = whole.docids(range(20))
     assert reader.docids(rows) == [docids[row] for row in rows] and reader.docid(7) == docids[7]
