@@ -53,7 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--alphas", type=float, nargs="+", default=DEFAULT_ALPHAS)
     args = parser.parse_args(argv)
     reranked, first_stage = read_ranked_run(args.reranked), read_ranked_run(args.first_stage)
-    qrels = read_qrels(args.qrels)
+    # judged on the queries the runs hold (e.g. the first 200 of --max-queries), not all the qrels judge
+    qrels = {qid: judged for qid, judged in read_qrels(args.qrels).items() if qid in reranked}
+    print(f"{len(qrels)} judged queries in {args.reranked}")
     scores = {}
     for alpha in args.alphas:
         scores[alpha] = evaluate(fused_run(reranked, first_stage, alpha), qrels, [args.metric]).aggregate[args.metric]
