@@ -147,4 +147,4 @@ def _check_same_query_tokens(student_ids: torch.Tensor, student_mask: torch.Tens
                          "both to tokenize queries alike (the same tokenizer and query_max_length)")
 
 
-__all__ = ["HiddenStateDistillation"]
+__all__ = ["HiddenStateDistillation", "require_query_states"]

@@ -258,6 +258,26 @@ def test_a_prefetched_sidecar_reads_the_same_vectors_and_refuses_rows_it_does_no
             reader.prefetch([reader.num_docs])
 
 
+def test_prefetch_asks_the_kernel_for_exactly_each_rows_bytes_in_their_order(maxsim_sidecar, monkeypatch):
+    import mmap
+    import types
+
+    from pyserini_mores.sidecar import open_sidecar
+    from pyserini_mores.sidecar.format import TOKENS
+
+    with open_sidecar(maxsim_sidecar) as reader:
+        asked = []
+        advised = types.SimpleNamespace(madvise=lambda *call: asked.append(call))
+        reader._maps[TOKENS] = types.SimpleNamespace(_mmap=advised)  # the token memmap, as prefetch sees it
+        rows = [5, 0, reader.num_docs - 1]
+        reader.prefetch(rows)
+        row_bytes = reader.bytes_per_token
+        assert [call[0] for call in asked] == [mmap.MADV_WILLNEED] * len(rows)
+        for (_, start, length), row in zip(asked, rows):
+            first, end = int(reader.offsets[row]) * row_bytes, int(reader.offsets[row + 1]) * row_bytes
+            assert start % mmap.PAGESIZE == 0 and first - mmap.PAGESIZE < start <= first and start + length == end
+
+
 def test_under_a_deadline_the_candidates_rows_are_prefetched_in_their_order_before_any_scoring(
         slow_searcher, lucene, monkeypatch):
     if slow_searcher.sidecar_path is None:
