@@ -10,15 +10,17 @@ Two families of rerankers train, each teacher before its students:
   pointwise on 4 negatives per training query from its BM25 top 30), then MORES 2×IB initialised from it and trained
   against the S1 sidecar of its 4-layer document module (``mores-2ib-debian-from-ce``), then that model distilled
   from the cross-encoder's scores by Margin-MSE against the same sidecar (``mores-2ib-debian-distilled``: the
-  cross-encoder reranks the BM25 top 16 of 2,000 training queries drawn at random); the two MORES recipes are the
-  stages of the shipped ``debian-mores-2ib``;
+  cross-encoder reranks the BM25 top 16 of 2,000 training queries drawn at random), and, once MaxSim (below) is
+  trained, distilled again from an ensemble teacher, the cross-encoder and MaxSim fused (``mores-2ib-debian-ensemble``:
+  both rerank the BM25 top 16 of 6,000 training queries); the three MORES recipes are the stages of the shipped
+  ``debian-mores-2ib``;
 - MaxSim (the embedded default's reranker), then the models that start from its trained encoder (MORES 1×IB, PreTTR
   l = L−2 with and without compression: their sidecars hold its token states) or learn from its scores (those and
   TK: it reranks the training queries, and negatives are mined from its run with its scores).
 
 By default every training step runs a short schedule (``Model.short_steps``) so that the whole pipeline fits about
 three hours of 2 CPU cores; ``--full`` trains every row with its recipe's own schedule, which for the cross-encoder
-and MORES 2×IB is the one that made the shipped models.
+and the three MORES 2×IB stages is the one that made the shipped models.
 
 Every step is one of the package's commands, printed before it runs, so any of them can be copied. A journal
 (``WORK/pipeline.json``, kept by ``integrations/steps.py``) records each finished step with its time and command; a
@@ -51,6 +53,7 @@ from pyserini_mores._model_args import format_model_arg  # noqa: E402
 from pyserini_mores.train.recipes import read_recipe  # noqa: E402
 
 PY = [sys.executable, "-m"]
+ENSEMBLE_SCRIPT = Path(__file__).resolve().parent / "ensemble_teacher.py"
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,11 @@ class TeacherScoring:
     negative_depth: int = 30
     queries: int | None = None
     seed: int | None = None
+    # An ensemble teacher: this other row reranks the same candidates too, and each query's two score lists are
+    # fused as ``search --interpolate`` fuses them, ``alpha`` × the teacher's + (1 − alpha) × this row's, in the
+    # teacher's score units (ensemble_teacher.py); negatives are mined from the fused run with the fused scores.
+    ensemble_with: str | None = None
+    alpha: float = 1.0
 
     @property
     def topics(self) -> str:
@@ -129,6 +137,15 @@ MODELS = (
     Model("prettr-l4-e128", "prettr", "prettr-debian", ("--model-arg", "compression_dim=128"),
           needs_compressor=True, sidecar_first=True, init_from="maxsim", teacher="maxsim", short_steps=800),
     Model("tk", "tk", "tk-debian", teacher="maxsim"),
+    # The shipped debian-mores-2ib's third stage: the distilled row above continued by Margin-MSE on an ensemble
+    # teacher's scores (the cross-encoder × 0.15 + MaxSim × 0.85, the weight chosen on dev) of the BM25 top 16 of
+    # 6,000 training queries of the same seeded shuffle, against the same S1 sidecar. It needs MaxSim, so it comes
+    # after the MaxSim family.
+    Model("mores-2ib-ensemble", "mores", "mores-2ib-debian-ensemble", rerank_args=("--model-arg", "reuse=s1"),
+          init_from="mores-2ib-distilled", sidecar_of="mores-2ib", teacher="cross-encoder",
+          teacher_scoring=TeacherScoring(depth=16, negatives=8, negative_depth=16, queries=6000, seed=29,
+                                         ensemble_with="maxsim", alpha=0.15),
+          short_steps=500),
 )
 #: BM25 candidates kept per training query, from which unscored negatives are drawn (the deepest draw is 50)
 BM25_TRAIN_HITS = 100
@@ -183,7 +200,9 @@ class Pipeline:
     def training_triples(self, model: Model, by_name: dict[str, Model]) -> Path:
         """The triples ``model`` trains on: scored by its teacher, or with negatives drawn from BM25."""
         if model.teacher:
-            return self.scored_triples(by_name[model.teacher], model.teacher_scoring)
+            scoring = model.teacher_scoring
+            second = by_name[scoring.ensemble_with] if scoring.ensemble_with else None
+            return self.scored_triples(by_name[model.teacher], scoring, second)
         return self.bm25_triples(*model.bm25_negatives)
 
     def bm25_triples(self, per_query: int, depth: int) -> Path:
@@ -203,20 +222,23 @@ class Pipeline:
             self.triples[source] = triples
         return self.triples[source]
 
-    def scored_triples(self, teacher: Model, scoring: TeacherScoring) -> Path:
-        """Training triples scored by ``teacher``: its run over the BM25 top ``scoring.depth`` of the training
-        queries (or of a subset of them), and negatives mined from that run with the teacher's scores."""
-        source = teacher.name if scoring.queries is None else f"{teacher.name}-{scoring.topics}"
+    def scored_triples(self, teacher: Model, scoring: TeacherScoring, second: Model | None = None) -> Path:
+        """Training triples scored by ``teacher`` (with ``second``: by the ensemble of the two,
+        ``scoring.ensemble_with``): its run over the BM25 top ``scoring.depth`` of the training queries (or of a
+        subset of them), and negatives mined from that run with its scores."""
+        name = teacher.name if second is None else f"{teacher.name}+{second.name}"
+        source = name if scoring.queries is None else f"{name}-{scoring.topics}"
         if (teacher.name, scoring) not in self.triples:
             if source in self.triples:  # another scoring would overwrite the same run and triples
-                raise ValueError(f"two scorings of {teacher.name}'s {scoring.topics} queries; give them other subsets")
-            self.build_sidecar(teacher)
+                raise ValueError(f"two scorings of {name}'s {scoring.topics} queries; give them other subsets")
             topics = self.training_topics(scoring)
-            run = self.run_file(teacher.name, scoring.topics)
-            self.run(f"rerank-{teacher.name}-{scoring.topics}", [
-                *PY, "pyserini_mores.search", "--index", self.index, "--topics", topics,
-                *self.model_args(teacher), "--rerank-depth", str(scoring.depth), "--hits", str(scoring.depth),
-                "--precision", PRECISION, "--output", run], done=run)
+            run = self.teacher_run(teacher, scoring, topics)
+            if second is not None:
+                second_run, fused = self.teacher_run(second, scoring, topics), self.run_file(name, scoring.topics)
+                self.run(f"ensemble-{source}", [
+                    sys.executable, ENSEMBLE_SCRIPT, "--first", run, "--second", second_run,
+                    "--alpha", str(scoring.alpha), "--output", fused], done=fused)
+                run = fused
             scored = self.work / f"triples.train.{source}.tsv"
             self.run(f"negatives-{source}", [
                 *PY, "pyserini_mores.train", "mine-negatives", "--run", run, "--index", self.index,
@@ -225,6 +247,16 @@ class Pipeline:
                 "--teacher-scores", "--output", scored], done=scored)
             self.triples[source] = self.triples[teacher.name, scoring] = scored
         return self.triples[teacher.name, scoring]
+
+    def teacher_run(self, teacher: Model, scoring: TeacherScoring, topics: Path) -> Path:
+        """``teacher``'s run over the BM25 top ``scoring.depth`` of ``topics``, every candidate with its score."""
+        self.build_sidecar(teacher)
+        run = self.run_file(teacher.name, scoring.topics)
+        self.run(f"rerank-{teacher.name}-{scoring.topics}", [
+            *PY, "pyserini_mores.search", "--index", self.index, "--topics", topics,
+            *self.model_args(teacher), "--rerank-depth", str(scoring.depth), "--hits", str(scoring.depth),
+            "--precision", PRECISION, "--output", run], done=run)
+        return run
 
     def training_topics(self, scoring: TeacherScoring) -> Path:
         """The training queries a teacher reranks: all of them, or ``scoring.queries`` of them drawn at random with
@@ -378,7 +410,10 @@ def check_arguments(step: str, command: list) -> None:
     run catches a bad flag or an unknown recipe without running anything."""
     # The CLIs' parsers, imported only by a dry run (they pull in each command's module).
     module, args = command[2], [str(arg) for arg in command[3:]]
-    if module == "pyserini_mores.train":
+    if command[1] == ENSEMBLE_SCRIPT:
+        from integrations.debian_packages.ensemble_teacher import build_parser
+        parser, args = build_parser(), [str(arg) for arg in command[2:]]
+    elif module == "pyserini_mores.train":
         from pyserini_mores.train.__main__ import build_parser
         parser = build_parser()
     elif module == "pyserini_mores.search":
@@ -409,9 +444,10 @@ def check_arguments(step: str, command: list) -> None:
 
 
 def prerequisites(model: Model) -> set[str]:
-    """The rows ``model`` starts from (``init_from``), learns from (``teacher``) or reads the sidecar of
-    (``sidecar_of``): trained before it."""
-    return {name for name in (model.init_from, model.teacher, model.sidecar_of) if name}
+    """The rows ``model`` starts from (``init_from``), learns from (``teacher``, and the second of an ensemble
+    teacher) or reads the sidecar of (``sidecar_of``): trained before it."""
+    return {name for name in (model.init_from, model.teacher, model.teacher_scoring.ensemble_with, model.sidecar_of)
+            if name}
 
 
 def with_prerequisites(models: list[Model]) -> list[Model]:

@@ -3,7 +3,7 @@
 The reranked run must hold every reranked candidate with the reranker's own score (``search --rerank-depth D --hits
 D`` without ``--interpolate``); the first-stage run gives each candidate's first-stage score (e.g. ``search`` with no
 reranker, or its ``--output``). Each alpha of the grid fuses the two lists exactly as ``--interpolate`` does
-(:func:`pyserini_mores.search.fusion.interpolate`) and is evaluated with pytrec_eval's measures; the best alpha by
+(:func:`pyserini_mores.search.fusion.interpolate_runs`) and is evaluated with pytrec_eval's measures; the best alpha by
 the chosen metric is printed last, then used once on test::
 
     python integrations/debian_packages/tune_interpolation.py --reranked mores.dev.trec --first-stage bm25.dev.trec \\
@@ -18,30 +18,9 @@ import sys
 
 from pyserini_mores.eval.metrics import evaluate
 from pyserini_mores.formats import read_qrels, read_ranked_run
-from pyserini_mores.search.fusion import interpolate
-from pyserini_mores.types import Text
+from pyserini_mores.search.fusion import interpolate_runs
 
 DEFAULT_ALPHAS = [round(step / 20, 2) for step in range(21)]
-
-
-def fused_run(reranked: dict[str, list[tuple[str, float]]], first_stage: dict[str, list[tuple[str, float]]],
-              alpha: float) -> dict[str, dict[str, float]]:
-    """qid → {docid → interpolated score} over each query's reranked candidates.
-
-    Raises:
-        ValueError: a reranked candidate the first-stage run does not score for its query.
-    """
-    fused = {}
-    for qid, ranking in reranked.items():
-        first_stage_scores = dict(first_stage.get(qid, []))
-        missing = [docid for docid, _ in ranking if docid not in first_stage_scores]
-        if missing:
-            raise ValueError(f"query {qid}: the first-stage run does not score {len(missing)} reranked candidates "
-                             f"(e.g. {missing[0]}): give the run the reranker reranked")
-        texts = [Text(None, {"docid": docid, "first_stage_score": first_stage_scores[docid]}, score)
-                 for docid, score in ranking]
-        fused[qid] = {text.metadata["docid"]: text.score for text in interpolate(texts, alpha)}
-    return fused
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(qrels)} judged queries in {args.reranked}")
     scores = {}
     for alpha in args.alphas:
-        scores[alpha] = evaluate(fused_run(reranked, first_stage, alpha), qrels, [args.metric]).aggregate[args.metric]
+        fused = interpolate_runs(reranked, first_stage, alpha)
+        scores[alpha] = evaluate(fused, qrels, [args.metric]).aggregate[args.metric]
         print(f"alpha {alpha:g}: {args.metric} {scores[alpha]:.4f}")
     best = max(scores, key=lambda alpha: (scores[alpha], alpha))
     print(f"best alpha {best:g}: {args.metric} {scores[best]:.4f}")

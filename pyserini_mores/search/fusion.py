@@ -39,4 +39,27 @@ def interpolate(texts: Sequence[Text], alpha: float) -> list[Text]:
     return sorted(texts, key=lambda text: -text.score)
 
 
-__all__ = ["check_alpha", "interpolate", "min_max"]
+RankedRun = dict[str, list[tuple[str, float]]]  # qid → [(docid, score)], as formats.read_ranked_run reads a run
+
+
+def interpolate_runs(reranked: RankedRun, first_stage: RankedRun, alpha: float) -> dict[str, dict[str, float]]:
+    """qid → {docid → interpolated score} over each query's candidates in ``reranked``, each fused by
+    :func:`interpolate` with its score in ``first_stage`` (two run files fused without reranking again).
+
+    Raises:
+        ValueError: a reranked candidate the first-stage run does not score for its query.
+    """
+    fused = {}
+    for qid, ranking in reranked.items():
+        first_stage_scores = dict(first_stage.get(qid, []))
+        missing = [docid for docid, _ in ranking if docid not in first_stage_scores]
+        if missing:
+            raise ValueError(f"query {qid}: the first-stage run does not score {len(missing)} reranked candidates "
+                             f"(e.g. {missing[0]}): give the run the reranker reranked")
+        texts = [Text(None, {"docid": docid, "first_stage_score": first_stage_scores[docid]}, score)
+                 for docid, score in ranking]
+        fused[qid] = {text.metadata["docid"]: text.score for text in interpolate(texts, alpha)}
+    return fused
+
+
+__all__ = ["check_alpha", "interpolate", "interpolate_runs", "min_max"]

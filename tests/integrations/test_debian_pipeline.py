@@ -51,10 +51,12 @@ def test_dry_run_prints_every_step_in_order_and_their_arguments_parse(pipeline, 
             [f"sidecar-{model.name}"] if model.sidecar_first else [])
         if model.teacher and (model.teacher, model.teacher_scoring) not in scorings:  # its run and triples, once
             scorings.add((model.teacher, model.teacher_scoring))
-            topics = model.teacher_scoring.topics
-            expected += ([f"sidecar-{model.teacher}"] if by_name[model.teacher].stores else []) + [
-                f"rerank-{model.teacher}-{topics}",
-                f"negatives-{model.teacher}" + ("" if topics == "train" else f"-{topics}")]
+            topics, second = model.teacher_scoring.topics, model.teacher_scoring.ensemble_with
+            source = model.teacher + (f"+{second}" if second else "") + ("" if topics == "train" else f"-{topics}")
+            for teacher in (model.teacher, second) if second else (model.teacher,):  # a sidecar is built once
+                built = f"sidecar-{teacher}" in expected or not by_name[teacher].stores
+                expected += ([] if built else [f"sidecar-{teacher}"]) + [f"rerank-{teacher}-{topics}"]
+            expected += ([f"ensemble-{source}"] if second else []) + [f"negatives-{source}"]
         elif not model.teacher and model.bm25_negatives not in mined:  # BM25's training run once, each mining once
             expected += [] if mined else ["bm25-train"]
             mined.add(model.bm25_negatives)
@@ -114,6 +116,28 @@ def test_dry_run_prints_every_step_in_order_and_their_arguments_parse(pipeline, 
             f"--topics {data_dir / 'queries.test.tsv'} --reranker mores --model {distilled} --model-arg reuse=s1 "
             "--rerank-depth 100") in out
     assert f"{work / 'runs' / 'mores-2ib.test.trec'} {work / 'runs' / 'mores-2ib-distilled.test.trec'} " in out  # eval
+    # Then, after MaxSim, the third stage: the cross-encoder and MaxSim each rerank the BM25 top 16 of 6,000 training
+    # queries of the same shuffle, ensemble_teacher.py fuses the two runs (0.15 x the cross-encoder), negatives are
+    # mined from the fused run, and the distilled row continues on them against the same sidecar
+    subset6k, ensemble_run = work / "queries.train6000.tsv", work / "runs" / "cross-encoder+maxsim.train6000.trec"
+    ce_run6k, maxsim_run6k = work / "runs" / "cross-encoder.train6000.trec", work / "runs" / "maxsim.train6000.trec"
+    assert f"[queries-train6000] 6,000 training queries drawn at random (seed 29): {subset6k}\n" in out
+    assert (f"[rerank-maxsim-train6000] $ {python} -m pyserini_mores.search --index {work / 'index'} --topics "
+            f"{subset6k} --reranker maxsim --model {work / 'models' / 'maxsim'} --rerank-depth 16 --hits 16 "
+            f"--precision auto --output {maxsim_run6k}\n") in out
+    assert (f"[ensemble-cross-encoder+maxsim-train6000] $ {python} {pipeline.ENSEMBLE_SCRIPT} --first {ce_run6k} "
+            f"--second {maxsim_run6k} --alpha 0.15 --output {ensemble_run}\n") in out
+    ensemble_scored = work / "triples.train.cross-encoder+maxsim-train6000.tsv"
+    assert (f"[negatives-cross-encoder+maxsim-train6000] $ {python} -m pyserini_mores.train mine-negatives --run "
+            f"{ensemble_run} --index {work / 'index'} --topics {subset6k} --qrels {data_dir / 'qrels.train.txt'} "
+            f"--negatives-per-query 8 --depth 16 --teacher-scores --output {ensemble_scored}\n") in out
+    assert (f"[train-mores-2ib-ensemble] $ {python} -m pyserini_mores.train train --recipe mores-2ib-debian-ensemble "
+            f"--triples {ensemble_scored} --output {work / 'models' / 'mores-2ib-ensemble'}") in out
+    assert f"--max-steps 500 --resume --init {distilled}\n" in out
+    assert (out.index("[train-maxsim] $") < out.index("[rerank-cross-encoder-train6000] $")
+            < out.index("[rerank-maxsim-train6000] $") < out.index("[ensemble-cross-encoder+maxsim-train6000] $")
+            < out.index("[train-mores-2ib-ensemble] $"))
+    assert "[sidecar-mores-2ib-ensemble]" not in out
     # The MaxSim family: MaxSim on one negative per query from BM25's top 50; the others learn from triples scored
     # by its run over the training queries
     assert f"--recipe maxsim-debian --triples {work / 'triples.train.bm25-1x50.tsv'}" in out
@@ -177,6 +201,18 @@ def test_a_model_that_learns_from_a_teacher_brings_it_along(pipeline, data_dir, 
     assert "also training maxsim: mores-1ib start from it or learn from it" in out
     assert (out.index("[train-maxsim]") < out.index("[sidecar-maxsim]") < out.index("[rerank-maxsim-train]")
             < out.index("[negatives-maxsim]") < out.index("[train-mores-1ib]"))
+
+
+def test_a_model_that_learns_from_an_ensemble_teacher_brings_both_teachers_along(pipeline, data_dir, tmp_path,
+                                                                                  capsys):
+    pipeline.main(["--data", str(data_dir), "--work", str(tmp_path / "w"), "--models", "mores-2ib-ensemble",
+                   "--dry-run"])
+    out = capsys.readouterr().out
+    assert ("also training cross-encoder, maxsim, mores-2ib, mores-2ib-distilled: mores-2ib, mores-2ib-distilled, "
+            "mores-2ib-ensemble start from it or learn from it") in out
+    assert "[train-mores-1ib]" not in out and "[train-tk]" not in out
+    assert (out.index("[train-maxsim]") < out.index("[sidecar-maxsim]") < out.index("[rerank-maxsim-train6000]")
+            < out.index("[ensemble-cross-encoder+maxsim-train6000]") < out.index("[train-mores-2ib-ensemble]"))
 
 
 def test_dry_run_of_one_model_skips_what_it_does_not_need(pipeline, data_dir, tmp_path, capsys):

@@ -1,5 +1,5 @@
-"""integrations/debian_packages/tune_interpolation.py: the fusion of two run files is --interpolate's, value for
-value, and the alpha it prints as best is the best of the grid."""
+"""integrations/debian_packages/tune_interpolation.py: the alpha it prints as best is the best of the grid (the fusion
+itself, ``fusion.interpolate_runs``, is tested in tests/search/test_fusion.py)."""
 from __future__ import annotations
 
 import importlib.util
@@ -19,21 +19,6 @@ def tune():
 
 
 RERANKED = {"q1": [("a", 9.0), ("b", 5.0), ("c", 1.0)]}
-FIRST_STAGE = {"q1": [("c", 30.0), ("b", 20.0), ("a", 10.0), ("z", 5.0)]}
-
-
-def test_the_fused_scores_are_the_hand_computed_interpolation(tune):
-    # reranker min-max: a 1, b 0.5, c 0; first stage over the reranked three: c 1, b 0.5, a 0
-    fused = tune.fused_run(RERANKED, FIRST_STAGE, 0.25)["q1"]
-    assert fused == pytest.approx({"a": 0.25, "b": 0.5, "c": 0.75})
-    assert list(tune.fused_run(RERANKED, FIRST_STAGE, 1.0)["q1"]) == ["a", "b", "c"]  # the reranker alone
-    assert list(tune.fused_run(RERANKED, FIRST_STAGE, 0.0)["q1"]) == ["c", "b", "a"]  # the first stage alone
-
-
-def test_a_candidate_without_a_first_stage_score_is_an_error(tune):
-    with pytest.raises(ValueError, match=r"query q1: the first-stage run does not score 1 reranked candidates "
-                                         r"\(e.g. a\)"):
-        tune.fused_run(RERANKED, {"q1": [("b", 2.0), ("c", 1.0)]}, 0.5)
 
 
 def test_the_best_alpha_is_the_best_of_the_grid(tune, tmp_path, capsys):

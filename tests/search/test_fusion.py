@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from pyserini_mores.search.__main__ import main as search_main
-from pyserini_mores.search.fusion import interpolate, min_max
+from pyserini_mores.search.fusion import interpolate, interpolate_runs, min_max
 from pyserini_mores.types import Text
 
 from conftest import RESOURCES
@@ -38,6 +38,24 @@ def test_the_extreme_weights_give_one_list_alone(alpha, order):
 def test_a_weight_outside_the_unit_interval_is_refused():
     with pytest.raises(ValueError, match=r"alpha must be within \[0, 1\], not 1.5"):
         interpolate(_texts([1.0], [1.0]), 1.5)
+
+
+RERANKED = {"q1": [("a", 9.0), ("b", 5.0), ("c", 1.0)]}
+FIRST_STAGE = {"q1": [("c", 30.0), ("b", 20.0), ("a", 10.0), ("z", 5.0)]}
+
+
+def test_two_runs_fuse_into_the_hand_computed_interpolation():
+    # reranker min-max: a 1, b 0.5, c 0; first stage over the reranked three: c 1, b 0.5, a 0
+    fused = interpolate_runs(RERANKED, FIRST_STAGE, 0.25)["q1"]
+    assert fused == pytest.approx({"a": 0.25, "b": 0.5, "c": 0.75})
+    assert list(interpolate_runs(RERANKED, FIRST_STAGE, 1.0)["q1"]) == ["a", "b", "c"]  # the reranker alone
+    assert list(interpolate_runs(RERANKED, FIRST_STAGE, 0.0)["q1"]) == ["c", "b", "a"]  # the first stage alone
+
+
+def test_fusing_runs_refuses_a_candidate_without_a_first_stage_score():
+    with pytest.raises(ValueError, match=r"query q1: the first-stage run does not score 1 reranked candidates "
+                                         r"\(e.g. a\)"):
+        interpolate_runs(RERANKED, {"q1": [("b", 2.0), ("c", 1.0)]}, 0.5)
 
 
 def test_cli_interpolation_at_zero_keeps_the_first_stage_ranking(tiny_index, tiny_maxsim_dir, maxsim_sidecar, tmp_path,
