@@ -2,7 +2,7 @@
 
 Each query's two score lists are min–max normalised and mixed, ``alpha × first + (1 − alpha) × second``
 (:func:`pyserini_mores.search.fusion.interpolate_runs`, alpha chosen on dev with ``tune_interpolation.py``). The fused
-score is then mapped back onto the first run's score range for that query (its minimum → 0, its maximum → 1), so
+score is then mapped back onto the first run's score range for that query (0 → its minimum, 1 → its maximum), so
 that ``mine-negatives --teacher-scores`` on the ensemble's run gives Margin-MSE score margins in the first teacher's
 units, not in [0, 1] (a student continued from a model distilled on that teacher keeps its scale)::
 
