@@ -83,6 +83,9 @@ class RankingModel(nn.Module):
     default_loss: ClassVar[str] = "pointwise"
     #: module groups that can train alone (``--train-modules NAME``): name → parameter-name prefixes
     trainable_module_groups: ClassVar[dict[str, tuple[str, ...]]] = {}
+    #: parameter-name prefix of its one stack of Transformer layers (``PREFIX{i}.``), for models that have one:
+    #: ``--freeze-layers N`` keeps the first ``N`` of them at their initial values
+    layer_stack: ClassVar[str | None] = None
     #: parameter-name prefixes of the layers the model adds to its backbone (score heads): ``--head-lr`` is theirs
     new_parameters: ClassVar[tuple[str, ...]] = ()
     #: its encoder can start from a trained cross-encoder's or MaxSim's (``--init`` such a checkpoint)

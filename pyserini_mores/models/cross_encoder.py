@@ -55,6 +55,7 @@ class CrossEncoder(RankingModel):
     config_class = CrossEncoderConfig
     default_loss = "pointwise"  # trained like MORES, the model it is measured against
     new_parameters = ("head.",)
+    layer_stack = "encoder.layers."
     starts_from_rankers = True
     encoder_is_a_backbone = True
     joint_input = True

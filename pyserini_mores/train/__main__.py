@@ -95,6 +95,9 @@ def define_train_args(parser: argparse.ArgumentParser) -> None:
                      help="MORES adapt-interaction / adapt-representation: train only those modules")
     opt.add_argument("--freeze-embeddings", action=argparse.BooleanOptionalAction, default=S,
                      help="keep the embedding tables frozen (the trained model then ships as a small delta)")
+    opt.add_argument("--freeze-layers", type=int, default=S, metavar="N",
+                     help="keep a cross-encoder's first N layers frozen too, so that models built from it (MORES's "
+                          "document module) still load over it")
     opt.add_argument("--doc-sidecar", default=S, metavar="SIDECAR",
                      help="train only what runs online, reading documents from this sidecar of the model instead "
                           "of encoding them (every parameter the sidecar depends on is frozen, so it stays valid "

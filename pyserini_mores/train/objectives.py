@@ -156,7 +156,8 @@ def mean_loss(model: nn.Module, groups: Sequence, loss: str = "pointwise", margi
     return total / max(count, 1)
 
 
-def select_trainable(model: nn.Module, train_modules: str = "all", freeze_embeddings: bool = False) -> list[str]:
+def select_trainable(model: nn.Module, train_modules: str = "all", freeze_embeddings: bool = False,
+                     freeze_layers: int = 0) -> list[str]:
     """Freeze every parameter outside ``train_modules`` and return the names of those left trainable.
 
     ``all`` keeps the model's own choices (e.g. TK's frozen borrowed embeddings); any other name is one of the
@@ -166,9 +167,14 @@ def select_trainable(model: nn.Module, train_modules: str = "all", freeze_embedd
     ``freeze_embeddings`` also freezes every embedding table (and its LayerNorm): half of a MiniLM's weights, so a
     model trained that way differs from its backbone only in its layers and can ship as a small delta
     (:func:`pyserini_mores.models.delta.save_delta`).
+    ``freeze_layers`` also freezes the first that many layers of the model's one Transformer stack (its
+    :attr:`~pyserini_mores.models.base.RankingModel.layer_stack`): a cross-encoder trained so, with frozen
+    embeddings too, keeps what the models built from it copied (MORES's document module is its first layers), so
+    their deltas and sidecars stay valid over it.
 
     Raises:
-        ValueError: for a module group the model does not have.
+        ValueError: for a module group the model does not have; for ``freeze_layers`` on a model without one stack of
+            layers, or beyond its depth.
     """
     if train_modules not in TRAIN_MODULES:
         raise ValueError(f"unknown train_modules '{train_modules}'; choose from {', '.join(TRAIN_MODULES)}")
@@ -186,10 +192,28 @@ def select_trainable(model: nn.Module, train_modules: str = "all", freeze_embedd
         for name, parameter in model.named_parameters():
             if "embeddings." in name or name.startswith("embeddings"):
                 parameter.requires_grad_(False)
+    if freeze_layers:
+        _freeze_lower_layers(model, freeze_layers)
     trainable = [name for name, parameter in model.named_parameters() if parameter.requires_grad]
     if not trainable:
         raise ValueError("no trainable parameters left")
     return trainable
+
+
+def _freeze_lower_layers(model: nn.Module, count: int) -> None:
+    """Freeze the first ``count`` layers of ``model``'s :attr:`~pyserini_mores.models.base.RankingModel.layer_stack`."""
+    stack = getattr(model, "layer_stack", None)
+    if stack is None:
+        model_type = getattr(model, "model_type", type(model).__name__)
+        raise ValueError(f"--freeze-layers needs a model with one stack of Transformer layers (the cross-encoder); a "
+                         f"'{model_type}' model has none")
+    depth = len({name[len(stack):].split(".", 1)[0] for name, _ in model.named_parameters() if name.startswith(stack)})
+    if not 0 < count <= depth:
+        raise ValueError(f"--freeze-layers {count}: the model has {depth} layers")
+    lower = tuple(f"{stack}{layer}." for layer in range(count))
+    for name, parameter in model.named_parameters():
+        if name.startswith(lower):
+            parameter.requires_grad_(False)
 
 
 def set_dropout(model: nn.Module, probability: float) -> int:

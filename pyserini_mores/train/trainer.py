@@ -69,8 +69,8 @@ DEFAULT_LOSSES = ModelTable(lambda model: model.default_loss)
 RESUME_MUST_MATCH = ("model_type", "init", "triples", "loss", "model_args", "train_modules", "batch_size",
                      "grad_accum", "lr", "head_lr", "dropout", "weight_decay", "warmup_steps", "scheduler", "margin",
                      "distill_temperature", "negatives_per_example", "batch_negatives", "max_triples", "seed", "bf16",
-                     "precision", "max_grad_norm", "freeze_embeddings", "doc_sidecar", "hidden_teacher",
-                     "hidden_weight")
+                     "precision", "max_grad_norm", "freeze_embeddings", "freeze_layers", "doc_sidecar",
+                     "hidden_teacher", "hidden_weight")
 
 
 @dataclass
@@ -90,6 +90,8 @@ class TrainingSettings:
         train_modules: ``all``, or MORES's ``interaction`` / ``representation``.
         freeze_embeddings: keep every embedding table at its initial value (the model can then ship as a small
             delta over its backbone).
+        freeze_layers: keep the first this many layers of a cross-encoder at their initial values too (see
+            :func:`.objectives.select_trainable`); 0: none.
         batch_size: training examples per optimiser step — pointwise (query, passage, label) examples for the
             pointwise loss (a triple gives 1 + k of them), groups (query, positive, k negatives) otherwise.
         grad_accum: micro-batches per optimiser step (``batch_size`` is split into them).
@@ -122,6 +124,7 @@ class TrainingSettings:
     model_args: dict = field(default_factory=dict)
     train_modules: str = "all"
     freeze_embeddings: bool = False
+    freeze_layers: int = 0
     max_steps: int | None = None
     epochs: float = 1.0
     batch_size: int = 32
@@ -509,7 +512,7 @@ def _trainable_parameters(model: RankingModel, settings: TrainingSettings) -> li
     if settings.dropout is not None:  # also after a resume: a checkpoint's config keeps the model's own dropout
         logger.info("dropout %g while training (%d dropouts set)", settings.dropout,
                     set_dropout(model, settings.dropout))
-    trainable = select_trainable(model, settings.train_modules, settings.freeze_embeddings)
+    trainable = select_trainable(model, settings.train_modules, settings.freeze_embeddings, settings.freeze_layers)
     if settings.doc_sidecar is not None:
         frozen = set(freeze_store_parameters(model))
         trainable = [name for name in trainable if name not in frozen]

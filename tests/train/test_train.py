@@ -3,6 +3,7 @@ output, PreTTR compressor pre-training and recipes. Tiny random models (32 wide)
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from pyserini_mores.train.data import (
     with_batch_negatives,
     write_triples,
 )
-from pyserini_mores.train.objectives import mean_loss, set_dropout
+from pyserini_mores.train.objectives import mean_loss, select_trainable, set_dropout
 from pyserini_mores.train.recipes import merge_settings, read_recipe, recipe_names
 from pyserini_mores.train.trainer import TrainingSettings, last_checkpoint, train
 
@@ -349,6 +350,60 @@ def test_adapt_modules_is_refused_for_models_without_them(init_dirs, triples_pat
     with pytest.raises(ValueError, match="adapt-interaction"):
         train(_settings(tmp_path, "cross-encoder", init_dirs("cross-encoder"), triples_path,
                         train_modules="interaction"), progress=False)
+
+
+def _mores_delta_over(cross_encoder: Path, output: Path):
+    """A MORES 1×IB built from ``cross_encoder`` (its document module = the first layer), every parameter outside the
+    document module and the embeddings moved as training against a sidecar moves them, saved as a delta over it."""
+    from pyserini_mores.models.delta import save_delta
+
+    mores = load_model("mores", str(cross_encoder), n_interaction_blocks=1, document_layers=1)
+    select_trainable(mores, "all", freeze_embeddings=True)
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(7)
+        for name, parameter in mores.named_parameters():
+            if parameter.requires_grad and not name.startswith("document_module."):
+                parameter.add_(torch.randn_like(parameter) * 0.05)
+    save_delta(mores, output, dtype=torch.float32)
+    return mores
+
+
+def test_a_cross_encoder_trained_above_frozen_lower_layers_still_carries_the_mores_delta_built_on_it(
+        init_dirs, triples_path, tmp_path):
+    """The shipped MORES is a delta over the shipped cross-encoder, whose first layers are its document module: the
+    cross-encoder distilled further with those layers and the embeddings frozen must still carry that delta, to the
+    same weights; with every layer training, the delta is refused."""
+    base = tmp_path / "cross-encoder"
+    shutil.copytree(init_dirs("cross-encoder"), base)
+    before = load_model("cross-encoder", base).state_dict()
+    mores = _mores_delta_over(base, tmp_path / "mores")
+    result = train(_settings(tmp_path / "run", "cross-encoder", base, triples_path, freeze_embeddings=True,
+                             freeze_layers=1, max_steps=2), progress=False)
+    after = result.model.state_dict()
+    kept = _changed(before, after, ("encoder.embeddings.", "encoder.layers.0."))
+    moved = _changed(before, after, ("encoder.layers.1.", "head."))
+    assert kept and not any(kept.values()), [name for name, changed in kept.items() if changed]
+    # (a key bias adds the same logit to every key, which softmax ignores: its gradient is zero)
+    assert moved and all(changed for name, changed in moved.items() if not name.endswith("key.bias")), moved
+    result.model.save_pretrained(base)  # the re-trained cross-encoder, under the same name
+    loaded = load_model("mores", tmp_path / "mores").state_dict()
+    for name, expected in mores.state_dict().items():
+        assert torch.equal(expected, loaded[name]), name
+
+    retrained = train(_settings(tmp_path / "run-all", "cross-encoder", base, triples_path, freeze_embeddings=True,
+                                max_steps=2), progress=False)
+    retrained.model.save_pretrained(base)
+    with pytest.raises(ValueError, match="was saved over another .* than the one installed"):
+        load_model("mores", tmp_path / "mores")
+
+
+def test_freeze_layers_is_refused_without_one_stack_or_beyond_its_depth(init_dirs, triples_path, tmp_path):
+    with pytest.raises(ValueError, match="--freeze-layers needs a model with one stack of Transformer layers .*"
+                                         "a 'mores' model has none"):
+        train(_settings(tmp_path, "mores", init_dirs("mores"), triples_path, freeze_layers=1), progress=False)
+    with pytest.raises(ValueError, match="--freeze-layers 3: the model has 2 layers"):
+        train(_settings(tmp_path, "cross-encoder", init_dirs("cross-encoder"), triples_path, freeze_layers=3),
+              progress=False)
 
 
 class _Killed(Exception):
