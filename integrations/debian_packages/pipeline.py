@@ -12,8 +12,11 @@ Two families of rerankers train, each teacher before its students:
   from the cross-encoder's scores by Margin-MSE against the same sidecar (``mores-2ib-debian-distilled``: the
   cross-encoder reranks the BM25 top 16 of 2,000 training queries drawn at random), and, once MaxSim (below) is
   trained, distilled again from an ensemble teacher, the cross-encoder and MaxSim fused (``mores-2ib-debian-ensemble``:
-  both rerank the BM25 top 16 of 6,000 training queries); the three MORES recipes are the stages of the shipped
-  ``debian-mores-2ib``;
+  both rerank the BM25 top 16 of 6,000 training queries), and once more from a three-way teacher, that ensemble fused
+  with BM25 (``mores-2ib-debian-three-way``); the four MORES recipes are the stages of the shipped
+  ``debian-mores-2ib``; the cross-encoder itself learns from the three-way teacher too
+  (``cross-encoder-debian-three-way``, its first four layers frozen: the shipped ``debian-cross-encoder``'s second
+  stage);
 - MaxSim (the embedded default's reranker), then the models that start from its trained encoder (MORES 1×IB, PreTTR
   l = L−2 with and without compression: their sidecars hold its token states) or learn from its scores (those and
   TK: it reranks the training queries, and negatives are mined from its run with its scores).
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import io
 import json
 import random
@@ -72,6 +76,9 @@ class TeacherScoring:
     # teacher's score units (ensemble_teacher.py); negatives are mined from the fused run with the fused scores.
     ensemble_with: str | None = None
     alpha: float = 1.0
+    # Then fused once more with BM25's scores of the same candidates, the same way: ``bm25_alpha`` × the teacher's
+    # (or the ensemble's) + (1 − bm25_alpha) × BM25's, still in the teacher's units; None: BM25 is not part of it.
+    bm25_alpha: float | None = None
 
     @property
     def topics(self) -> str:
@@ -106,6 +113,14 @@ class Model:
     seconds_per_step: float | None = None  # expected on 2 AVX2 cores in fp32, for the printed estimate
 
 
+#: The ensemble teacher of the shipped debian-mores-2ib's third stage: the cross-encoder × 0.15 + MaxSim × 0.85 (the
+#: weight chosen on dev) over the BM25 top 16 of 6,000 training queries of a seeded shuffle, 8 scored negatives per
+#: query from all 16.
+ENSEMBLE_SCORING = TeacherScoring(depth=16, negatives=8, negative_depth=16, queries=6000, seed=29,
+                                  ensemble_with="maxsim", alpha=0.15)
+#: The three-way teacher of the last stages: that ensemble × 0.85 + BM25 × 0.15 (the weight chosen on dev again).
+THREE_WAY_SCORING = dataclasses.replace(ENSEMBLE_SCORING, bm25_alpha=0.85)
+
 MODELS = (
     # The teacher and its students, the shipped models' recipes (docs/results.md). Expected step times on 2 AVX2
     # cores in fp32: the cross-encoder ~2 s for 16 pairs, MORES against its sidecar ~0.5 s for 32 pairs. The short
@@ -137,15 +152,22 @@ MODELS = (
     Model("prettr-l4-e128", "prettr", "prettr-debian", ("--model-arg", "compression_dim=128"),
           needs_compressor=True, sidecar_first=True, init_from="maxsim", teacher="maxsim", short_steps=800),
     Model("tk", "tk", "tk-debian", teacher="maxsim"),
-    # The shipped debian-mores-2ib's third stage: the distilled row above continued by Margin-MSE on an ensemble
-    # teacher's scores (the cross-encoder × 0.15 + MaxSim × 0.85, the weight chosen on dev) of the BM25 top 16 of
-    # 6,000 training queries of the same seeded shuffle, against the same S1 sidecar. It needs MaxSim, so it comes
-    # after the MaxSim family.
+    # The shipped debian-mores-2ib's third stage: the distilled row above continued by Margin-MSE on the ensemble
+    # teacher's scores (ENSEMBLE_SCORING) against the same S1 sidecar. It needs MaxSim, so it comes after the MaxSim
+    # family.
     Model("mores-2ib-ensemble", "mores", "mores-2ib-debian-ensemble", rerank_args=("--model-arg", "reuse=s1"),
           init_from="mores-2ib-distilled", sidecar_of="mores-2ib", teacher="cross-encoder",
-          teacher_scoring=TeacherScoring(depth=16, negatives=8, negative_depth=16, queries=6000, seed=29,
-                                         ensemble_with="maxsim", alpha=0.15),
-          short_steps=500),
+          teacher_scoring=ENSEMBLE_SCORING, short_steps=500),
+    # Its fourth stage: continued by Margin-MSE on the three-way teacher's scores of the same candidates.
+    Model("mores-2ib-three-way", "mores", "mores-2ib-debian-three-way", rerank_args=("--model-arg", "reuse=s1"),
+          init_from="mores-2ib-ensemble", sidecar_of="mores-2ib", teacher="cross-encoder",
+          teacher_scoring=THREE_WAY_SCORING, short_steps=250),
+    # The shipped debian-cross-encoder's second stage: the cross-encoder continued by Margin-MSE on the three-way
+    # teacher's triples, its embeddings and first 4 layers frozen (the recipe's freeze_layers: MORES 2×IB's document
+    # module), ~3.5 s per 40-pair step on 2 AVX2 cores in fp32.
+    Model("cross-encoder-three-way", "cross-encoder", "cross-encoder-debian-three-way", stores=False,
+          init_from="cross-encoder", teacher="cross-encoder", teacher_scoring=THREE_WAY_SCORING, short_steps=250,
+          seconds_per_step=3.5),
 )
 #: BM25 candidates kept per training query, from which unscored negatives are drawn (the deepest draw is 50)
 BM25_TRAIN_HITS = 100
@@ -210,10 +232,7 @@ class Pipeline:
         ``depth`` (the commands that made the shipped cross-encoder's, docs/results.md)."""
         source = f"bm25-{per_query}x{depth}"
         if source not in self.triples:
-            run = self.run_file("bm25", "train")
-            self.run("bm25-train", [*PY, "pyserini_mores.search", "--index", self.index,
-                                    "--topics", self.data / "queries.train.tsv", "--hits", str(BM25_TRAIN_HITS),
-                                    "--threads", "2", "--output", run], done=run)
+            run = self.bm25_train_run()
             triples = self.work / f"triples.train.{source}.tsv"
             self.run(f"negatives-{source}", [
                 *PY, "pyserini_mores.train", "mine-negatives", "--run", run, "--index", self.index,
@@ -222,11 +241,20 @@ class Pipeline:
             self.triples[source] = triples
         return self.triples[source]
 
+    def bm25_train_run(self) -> Path:
+        """BM25's top :data:`BM25_TRAIN_HITS` for every training query, with its scores."""
+        run = self.run_file("bm25", "train")
+        self.run("bm25-train", [*PY, "pyserini_mores.search", "--index", self.index,
+                                "--topics", self.data / "queries.train.tsv", "--hits", str(BM25_TRAIN_HITS),
+                                "--threads", "2", "--output", run], done=run)
+        return run
+
     def scored_triples(self, teacher: Model, scoring: TeacherScoring, second: Model | None = None) -> Path:
         """Training triples scored by ``teacher`` (with ``second``: by the ensemble of the two,
         ``scoring.ensemble_with``): its run over the BM25 top ``scoring.depth`` of the training queries (or of a
         subset of them), and negatives mined from that run with its scores."""
-        name = teacher.name if second is None else f"{teacher.name}+{second.name}"
+        pair = teacher.name if second is None else f"{teacher.name}+{second.name}"
+        name = pair if scoring.bm25_alpha is None else f"{pair}+bm25"
         source = name if scoring.queries is None else f"{name}-{scoring.topics}"
         if (teacher.name, scoring) not in self.triples:
             if source in self.triples:  # another scoring would overwrite the same run and triples
@@ -234,11 +262,10 @@ class Pipeline:
             topics = self.training_topics(scoring)
             run = self.teacher_run(teacher, scoring, topics)
             if second is not None:
-                second_run, fused = self.teacher_run(second, scoring, topics), self.run_file(name, scoring.topics)
-                self.run(f"ensemble-{source}", [
-                    sys.executable, ENSEMBLE_SCRIPT, "--first", run, "--second", second_run,
-                    "--alpha", str(scoring.alpha), "--output", fused], done=fused)
-                run = fused
+                run = self.fused_run(pair, scoring.topics, run, self.teacher_run(second, scoring, topics),
+                                     scoring.alpha)
+            if scoring.bm25_alpha is not None:
+                run = self.fused_run(name, scoring.topics, run, self.bm25_train_run(), scoring.bm25_alpha)
             scored = self.work / f"triples.train.{source}.tsv"
             self.run(f"negatives-{source}", [
                 *PY, "pyserini_mores.train", "mine-negatives", "--run", run, "--index", self.index,
@@ -247,6 +274,14 @@ class Pipeline:
                 "--teacher-scores", "--output", scored], done=scored)
             self.triples[source] = self.triples[teacher.name, scoring] = scored
         return self.triples[teacher.name, scoring]
+
+    def fused_run(self, name: str, topics: str, first: Path, second: Path, alpha: float) -> Path:
+        """The run ``name`` over ``topics``: ``first`` and ``second`` fused per query by ensemble_teacher.py,
+        ``alpha`` × ``first``'s scores + (1 − alpha) × ``second``'s, in ``first``'s units."""
+        fused = self.run_file(name, topics)
+        self.run(f"ensemble-{name}-{topics}", [sys.executable, ENSEMBLE_SCRIPT, "--first", first, "--second", second,
+                                               "--alpha", str(alpha), "--output", fused], done=fused)
+        return fused
 
     def teacher_run(self, teacher: Model, scoring: TeacherScoring, topics: Path) -> Path:
         """``teacher``'s run over the BM25 top ``scoring.depth`` of ``topics``, every candidate with its score."""

@@ -51,12 +51,18 @@ def test_dry_run_prints_every_step_in_order_and_their_arguments_parse(pipeline, 
             [f"sidecar-{model.name}"] if model.sidecar_first else [])
         if model.teacher and (model.teacher, model.teacher_scoring) not in scorings:  # its run and triples, once
             scorings.add((model.teacher, model.teacher_scoring))
-            topics, second = model.teacher_scoring.topics, model.teacher_scoring.ensemble_with
-            source = model.teacher + (f"+{second}" if second else "") + ("" if topics == "train" else f"-{topics}")
-            for teacher in (model.teacher, second) if second else (model.teacher,):  # a sidecar is built once
+            scoring = model.teacher_scoring
+            topics, second, with_bm25 = scoring.topics, scoring.ensemble_with, scoring.bm25_alpha is not None
+            pair = model.teacher + (f"+{second}" if second else "")
+            name = pair + ("+bm25" if with_bm25 else "")
+            for teacher in (model.teacher, second) if second else (model.teacher,):  # each step once
                 built = f"sidecar-{teacher}" in expected or not by_name[teacher].stores
-                expected += ([] if built else [f"sidecar-{teacher}"]) + [f"rerank-{teacher}-{topics}"]
-            expected += ([f"ensemble-{source}"] if second else []) + [f"negatives-{source}"]
+                expected += ([] if built else [f"sidecar-{teacher}"]) + (
+                    [] if f"rerank-{teacher}-{topics}" in expected else [f"rerank-{teacher}-{topics}"])
+            fusions = ([f"ensemble-{pair}-{topics}"] if second else []) + (
+                [f"ensemble-{name}-{topics}"] if with_bm25 else [])  # BM25's training run is made first
+            expected += [step for step in fusions if step not in expected]
+            expected += [f"negatives-{name}" + ("" if topics == "train" else f"-{topics}")]
         elif not model.teacher and model.bm25_negatives not in mined:  # BM25's training run once, each mining once
             expected += [] if mined else ["bm25-train"]
             mined.add(model.bm25_negatives)
@@ -138,6 +144,29 @@ def test_dry_run_prints_every_step_in_order_and_their_arguments_parse(pipeline, 
             < out.index("[rerank-maxsim-train6000] $") < out.index("[ensemble-cross-encoder+maxsim-train6000] $")
             < out.index("[train-mores-2ib-ensemble] $"))
     assert "[sidecar-mores-2ib-ensemble]" not in out
+    # The three-way teacher: the same ensemble run fused once more with BM25's training run (0.85 x the ensemble),
+    # mined again; MORES's fourth stage continues the third on it, the cross-encoder's second continues the first
+    three_way_run = work / "runs" / "cross-encoder+maxsim+bm25.train6000.trec"
+    assert (f"[ensemble-cross-encoder+maxsim+bm25-train6000] $ {python} {pipeline.ENSEMBLE_SCRIPT} --first "
+            f"{ensemble_run} --second {work / 'runs' / 'bm25.train.trec'} --alpha 0.85 --output {three_way_run}\n"
+            ) in out
+    three_way_scored = work / "triples.train.cross-encoder+maxsim+bm25-train6000.tsv"
+    assert (f"[negatives-cross-encoder+maxsim+bm25-train6000] $ {python} -m pyserini_mores.train mine-negatives "
+            f"--run {three_way_run} --index {work / 'index'} --topics {subset6k} --qrels "
+            f"{data_dir / 'qrels.train.txt'} --negatives-per-query 8 --depth 16 --teacher-scores --output "
+            f"{three_way_scored}\n") in out
+    assert (f"[train-mores-2ib-three-way] $ {python} -m pyserini_mores.train train --recipe "
+            f"mores-2ib-debian-three-way --triples {three_way_scored} --output "
+            f"{work / 'models' / 'mores-2ib-three-way'}") in out
+    assert f"--max-steps 250 --resume --init {work / 'models' / 'mores-2ib-ensemble'}\n" in out
+    assert (f"[train-cross-encoder-three-way] $ {python} -m pyserini_mores.train train --recipe "
+            f"cross-encoder-debian-three-way --triples {three_way_scored} --output "
+            f"{work / 'models' / 'cross-encoder-three-way'}") in out
+    assert f"--max-steps 250 --resume --init {work / 'models' / 'cross-encoder'}\n" in out
+    assert out.count("[ensemble-cross-encoder+maxsim-train6000] $") == 1  # the two-way run is made once
+    assert (out.index("[train-mores-2ib-ensemble] $") < out.index("[ensemble-cross-encoder+maxsim+bm25-train6000] $")
+            < out.index("[train-mores-2ib-three-way] $") < out.index("[train-cross-encoder-three-way] $"))
+    assert "[sidecar-mores-2ib-three-way]" not in out and "[sidecar-cross-encoder-three-way]" not in out
     # The MaxSim family: MaxSim on one negative per query from BM25's top 50; the others learn from triples scored
     # by its run over the training queries
     assert f"--recipe maxsim-debian --triples {work / 'triples.train.bm25-1x50.tsv'}" in out
