@@ -251,8 +251,9 @@ class Pipeline:
 
     def scored_triples(self, teacher: Model, scoring: TeacherScoring, second: Model | None = None) -> Path:
         """Training triples scored by ``teacher`` (with ``second``: by the ensemble of the two,
-        ``scoring.ensemble_with``): its run over the BM25 top ``scoring.depth`` of the training queries (or of a
-        subset of them), and negatives mined from that run with its scores."""
+        ``scoring.ensemble_with``; with ``scoring.bm25_alpha``: by that fused once more with BM25): its run over the
+        BM25 top ``scoring.depth`` of the training queries (or of a subset of them), and negatives mined from that run
+        with its scores."""
         pair = teacher.name if second is None else f"{teacher.name}+{second.name}"
         name = pair if scoring.bm25_alpha is None else f"{pair}+bm25"
         source = name if scoring.queries is None else f"{name}-{scoring.topics}"
