@@ -387,6 +387,9 @@ class MoresModel(RankingModel):
         "representation": ("document_module.", "query_module."),
     }
     new_parameters = ("interaction_module.head.",)
+    # --freeze-layers N freezes the document module's first N layers (an untied query module still trains whole):
+    # training the rest from text, its delta stores only the layers above them
+    layer_stack = "document_module.layers."
     starts_from_rankers = True
     explanation = "attention"
     # bf16 scores with autocast alone: the bf16 weight copy keeps the query rows' residual stream in bf16 through

@@ -170,7 +170,7 @@ def select_trainable(model: nn.Module, train_modules: str = "all", freeze_embedd
     ``freeze_layers`` also freezes the first that many layers of the model's one Transformer stack (its
     :attr:`~pyserini_mores.models.base.RankingModel.layer_stack`): a cross-encoder trained so, with frozen
     embeddings too, keeps what the models built from it copied (MORES's document module is its first layers), so
-    their deltas and sidecars stay valid over it.
+    their deltas and sidecars stay valid over it; MORES's own stack is its document module's.
 
     Raises:
         ValueError: for a module group the model does not have; for ``freeze_layers`` on a model without one stack of
@@ -205,8 +205,8 @@ def _freeze_lower_layers(model: nn.Module, count: int) -> None:
     stack = getattr(model, "layer_stack", None)
     if stack is None:
         model_type = getattr(model, "model_type", type(model).__name__)
-        raise ValueError(f"--freeze-layers needs a model with one stack of Transformer layers (the cross-encoder); a "
-                         f"'{model_type}' model has none")
+        raise ValueError("--freeze-layers needs a model with one stack of Transformer layers (a cross-encoder, "
+                         f"MORES's document module); a '{model_type}' model has none")
     depth = len({name[len(stack):].split(".", 1)[0] for name, _ in model.named_parameters() if name.startswith(stack)})
     if not 0 < count <= depth:
         raise ValueError(f"--freeze-layers {count}: the model has {depth} layers")

@@ -90,8 +90,8 @@ class TrainingSettings:
         train_modules: ``all``, or MORES's ``interaction`` / ``representation``.
         freeze_embeddings: keep every embedding table at its initial value (the model can then ship as a small
             delta over its backbone).
-        freeze_layers: keep the first this many layers of a cross-encoder at their initial values too (see
-            :func:`.objectives.select_trainable`); 0: none.
+        freeze_layers: keep the first this many layers of a cross-encoder or of MORES's document module at their
+            initial values too (see :func:`.objectives.select_trainable`); 0: none.
         batch_size: training examples per optimiser step — pointwise (query, passage, label) examples for the
             pointwise loss (a triple gives 1 + k of them), groups (query, positive, k negatives) otherwise.
         grad_accum: micro-batches per optimiser step (``batch_size`` is split into them).

@@ -397,10 +397,27 @@ def test_a_cross_encoder_trained_above_frozen_lower_layers_still_carries_the_mor
         load_model("mores", tmp_path / "mores")
 
 
+def test_mores_freeze_layers_keeps_the_lower_document_layers_and_trains_the_rest_from_text(
+        init_dirs, triples_path, tmp_path):
+    init = init_dirs("mores", tied=False)  # the query module's own layers, which freezing the documents' leaves
+    before = load_model("mores", init).state_dict()
+    result = train(_settings(tmp_path, "mores", init, triples_path, freeze_embeddings=True, freeze_layers=3,
+                             max_steps=3), progress=False)
+    after = result.model.state_dict()
+    assert result.model.config.n_document_layers == 4
+    kept = _changed(before, after, ("document_module.embeddings.", "document_module.layers.0.",
+                                    "document_module.layers.1.", "document_module.layers.2."))
+    moved = _changed(before, after, ("document_module.layers.3.", "query_module.layers.", "interaction_module."))
+    assert kept and not any(kept.values()), [name for name, changed in kept.items() if changed]
+    # (a key bias adds the same logit to every key, which softmax ignores: its gradient is zero)
+    assert moved and all(changed for name, changed in moved.items() if not name.endswith("key.bias")), \
+        [name for name, changed in moved.items() if not changed]
+
+
 def test_freeze_layers_is_refused_without_one_stack_or_beyond_its_depth(init_dirs, triples_path, tmp_path):
-    with pytest.raises(ValueError, match="--freeze-layers needs a model with one stack of Transformer layers .*"
-                                         "a 'mores' model has none"):
-        train(_settings(tmp_path, "mores", init_dirs("mores"), triples_path, freeze_layers=1), progress=False)
+    with pytest.raises(ValueError, match="--freeze-layers needs a model with one stack of Transformer layers "
+                                         r"\(a cross-encoder, MORES's document module\); a 'tk' model has none"):
+        train(_settings(tmp_path, "tk", init_dirs("tk"), triples_path, freeze_layers=1), progress=False)
     with pytest.raises(ValueError, match="--freeze-layers 3: the model has 2 layers"):
         train(_settings(tmp_path, "cross-encoder", init_dirs("cross-encoder"), triples_path, freeze_layers=3),
               progress=False)
