@@ -13,8 +13,9 @@ Two families of rerankers train, each teacher before its students:
   cross-encoder reranks the BM25 top 16 of 2,000 training queries drawn at random), and, once MaxSim (below) is
   trained, distilled again from an ensemble teacher, the cross-encoder and MaxSim fused (``mores-2ib-debian-ensemble``:
   both rerank the BM25 top 16 of 6,000 training queries), and once more from a three-way teacher, that ensemble fused
-  with BM25 (``mores-2ib-debian-three-way``); the four MORES recipes are the stages of the shipped
-  ``debian-mores-2ib``; the cross-encoder itself learns from the three-way teacher too
+  with BM25 (``mores-2ib-debian-three-way``), and last trained from text on the same triples, the upper half of its
+  document module training too (``mores-2ib-debian-from-text``, with a sidecar of its own); the five MORES recipes
+  are the stages of the shipped ``debian-mores-2ib``; the cross-encoder itself learns from the three-way teacher too
   (``cross-encoder-debian-three-way``, its first four layers frozen: the shipped ``debian-cross-encoder``'s second
   stage);
 - MaxSim (the embedded default's reranker), then the models that start from its trained encoder (MORES 1×IB, PreTTR
@@ -23,7 +24,7 @@ Two families of rerankers train, each teacher before its students:
 
 By default every training step runs a short schedule (``Model.short_steps``) so that the whole pipeline fits about
 three hours of 2 CPU cores; ``--full`` trains every row with its recipe's own schedule, which for the cross-encoder
-and the three MORES 2×IB stages is the one that made the shipped models.
+and the MORES 2×IB stages is the one that made the shipped models.
 
 Every step is one of the package's commands, printed before it runs, so any of them can be copied. A journal
 (``WORK/pipeline.json``, kept by ``integrations/steps.py``) records each finished step with its time and command; a
@@ -162,6 +163,11 @@ MODELS = (
     Model("mores-2ib-three-way", "mores", "mores-2ib-debian-three-way", rerank_args=("--model-arg", "reuse=s1"),
           init_from="mores-2ib-ensemble", sidecar_of="mores-2ib", teacher="cross-encoder",
           teacher_scoring=THREE_WAY_SCORING, short_steps=250),
+    # Its fifth stage, the shipped debian-mores-2ib: the same triples, trained from text with the document module's
+    # layers 2-3 training too (the recipe's freeze_layers), so it builds a sidecar of its own after training.
+    Model("mores-2ib-from-text", "mores", "mores-2ib-debian-from-text", rerank_args=("--model-arg", "reuse=s1"),
+          init_from="mores-2ib-three-way", teacher="cross-encoder", teacher_scoring=THREE_WAY_SCORING,
+          short_steps=250, seconds_per_step=3.2),
     # The shipped debian-cross-encoder's second stage: the cross-encoder continued by Margin-MSE on the three-way
     # teacher's triples, its embeddings and first 4 layers frozen (the recipe's freeze_layers: MORES 2×IB's document
     # module), ~3.5 s per 40-pair step on 2 AVX2 cores in fp32.

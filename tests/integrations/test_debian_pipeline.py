@@ -167,6 +167,16 @@ def test_dry_run_prints_every_step_in_order_and_their_arguments_parse(pipeline, 
     assert (out.index("[train-mores-2ib-ensemble] $") < out.index("[ensemble-cross-encoder+maxsim+bm25-train6000] $")
             < out.index("[train-mores-2ib-three-way] $") < out.index("[train-cross-encoder-three-way] $"))
     assert "[sidecar-mores-2ib-three-way]" not in out and "[sidecar-cross-encoder-three-way]" not in out
+    # MORES's fifth stage continues the fourth from text on the same triples, then builds a sidecar of its own (its
+    # document module's upper layers trained) and reranks from it
+    from_text = work / "models" / "mores-2ib-from-text"
+    assert (f"[train-mores-2ib-from-text] $ {python} -m pyserini_mores.train train --recipe "
+            f"mores-2ib-debian-from-text --triples {three_way_scored} --output {from_text}") in out
+    assert f"--max-steps 250 --resume --init {work / 'models' / 'mores-2ib-three-way'}\n" in out
+    assert (f"[sidecar-mores-2ib-from-text] $ {python} -m pyserini_mores.sidecar build --index {work / 'index'} "
+            f"--reranker mores --model {from_text} --model-arg reuse=s1 --precision auto\n") in out
+    assert (out.index("[train-mores-2ib-three-way] $") < out.index("[train-mores-2ib-from-text] $")
+            < out.index("[sidecar-mores-2ib-from-text] $") < out.index("[rerank-mores-2ib-from-text-test] $"))
     # The MaxSim family: MaxSim on one negative per query from BM25's top 50; the others learn from triples scored
     # by its run over the training queries
     assert f"--recipe maxsim-debian --triples {work / 'triples.train.bm25-1x50.tsv'}" in out

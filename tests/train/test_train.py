@@ -399,7 +399,7 @@ def test_a_cross_encoder_trained_above_frozen_lower_layers_still_carries_the_mor
 
 def test_mores_freeze_layers_keeps_the_lower_document_layers_and_trains_the_rest_from_text(
         init_dirs, triples_path, tmp_path):
-    init = init_dirs("mores", tied=False)  # the query module's own layers, which freezing the documents' leaves
+    init = init_dirs("mores", tied=False)  # untied: the query module has layers of its own, which keep training
     before = load_model("mores", init).state_dict()
     result = train(_settings(tmp_path, "mores", init, triples_path, freeze_embeddings=True, freeze_layers=3,
                              max_steps=3), progress=False)
