@@ -18,9 +18,11 @@ _EXPORTS = {
     "model_types": ".registry",
     "register_model": ".registry",
     "load_model": ".loading",
+    "MODELS_ENTRY_POINT_GROUP": ".loading",
     "SHIPPED_MODELS_DIR": ".loading",
     "SHIPPED_DEFAULTS": ".loading",
     "default_model": ".loading",
+    "shipped_model_dirs": ".loading",
     "shipped_model_path": ".loading",
     "shipped_models": ".loading",
 }

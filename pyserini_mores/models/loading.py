@@ -2,9 +2,12 @@
 package, or a new model built from a backbone — which may itself be a trained cross-encoder or MaxSim checkpoint."""
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import os
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
 
 from torch import nn
@@ -15,8 +18,14 @@ from .base import CONFIG_NAME, RankingModel
 from .delta import is_delta_checkpoint, load_delta
 from .registry import MODEL_CLASSES, model_class
 
+logger = logging.getLogger(__name__)
+
 #: trained models shipped inside the package (as deltas over the bundled MiniLM), loadable by directory name
 SHIPPED_MODELS_DIR = Path(__file__).resolve().parents[1] / "resources" / "models"
+#: the entry-point group through which a separately installed models package adds its directory of trained models,
+#: loadable by name like those shipped inside the package: the package index refuses wheels over 100 MB, so models
+#: that do not fit beside the code ship in packages of their own (docs/search.md#model-packages)
+MODELS_ENTRY_POINT_GROUP = "pyserini_mores.models"
 #: the shipped checkpoint each model type loads when no model is named (all trained on debian-packages' training
 #: queries; see docs/results.md)
 SHIPPED_DEFAULTS = {"maxsim": "debian-maxsim", "cross-encoder": "debian-cross-encoder", "mores": "debian-mores-2ib"}
@@ -138,17 +147,44 @@ def copy_ranker_head(head: nn.Linear, checkpoint: BackboneCheckpoint, model_type
     head.load_state_dict(ranker.head.state_dict())
 
 
+@functools.cache
+def shipped_model_dirs() -> tuple[Path, ...]:
+    """Where shipped models are: the package's own directory, then each installed models package's (entry points
+    of :data:`MODELS_ENTRY_POINT_GROUP`, by name). A models package that cannot be loaded is skipped, with a
+    warning that names it, so that it costs only its own models."""
+    directories = [SHIPPED_MODELS_DIR]
+    for entry_point in sorted(entry_points(group=MODELS_ENTRY_POINT_GROUP), key=lambda point: point.name):
+        try:
+            directory = Path(entry_point.load())
+        except Exception as error:  # noqa: BLE001 - any failure of a third-party package's import
+            logger.warning("models package '%s' (%s) could not be loaded, so its models are not available: %s",
+                           entry_point.name, entry_point.value, error)
+            continue
+        if not directory.is_dir():
+            logger.warning("models package '%s' (%s) names %s, which is not a directory: its models are not "
+                           "available", entry_point.name, entry_point.value, directory)
+            continue
+        directories.append(directory)
+    return tuple(directories)
+
+
 def shipped_model_path(name: str | os.PathLike) -> Path | None:
-    """The directory of a trained model shipped with the package (e.g. ``debian-tk``), unless ``name`` is a path
-    that exists (a local directory always wins)."""
+    """The directory of a trained model shipped with the package or an installed models package (e.g.
+    ``debian-tk``), unless ``name`` is a path that exists (a local directory always wins). A name found in several
+    is the first's, in the order of :func:`shipped_model_dirs`."""
     if Path(name).exists() or os.sep in str(name):
         return None
-    path = SHIPPED_MODELS_DIR / str(name)
-    return path if (path / CONFIG_NAME).is_file() else None
+    for directory in shipped_model_dirs():
+        path = directory / str(name)
+        if (path / CONFIG_NAME).is_file():
+            return path
+    return None
 
 
 def shipped_models() -> list[str]:
-    return sorted(p.name for p in SHIPPED_MODELS_DIR.glob("*") if (p / CONFIG_NAME).is_file())
+    """The names of every shipped model (:func:`shipped_model_dirs`)."""
+    return sorted({path.name for directory in shipped_model_dirs() for path in directory.glob("*")
+                   if (path / CONFIG_NAME).is_file()})
 
 
 def default_model(model_type: str) -> str:
@@ -159,6 +195,6 @@ def default_model(model_type: str) -> str:
     return name if name is not None and shipped_model_path(name) is not None else DEFAULT_BACKBONE
 
 
-__all__ = ["SHIPPED_DEFAULTS", "SHIPPED_MODELS_DIR", "BackboneCheckpoint", "backbone_weights", "copy_ranker_head",
-           "default_model", "load_backbone_checkpoint", "load_model", "shipped_model_path", "shipped_models",
-           "trained_ranker"]
+__all__ = ["MODELS_ENTRY_POINT_GROUP", "SHIPPED_DEFAULTS", "SHIPPED_MODELS_DIR", "BackboneCheckpoint",
+           "backbone_weights", "copy_ranker_head", "default_model", "load_backbone_checkpoint", "load_model",
+           "shipped_model_dirs", "shipped_model_path", "shipped_models", "trained_ranker"]

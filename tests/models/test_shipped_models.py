@@ -1,13 +1,22 @@
-"""The trained models shipped inside the package load offline, as deltas over the bundled MiniLM."""
+"""The trained models shipped inside the package load offline, as deltas over the bundled MiniLM (or over a shipped
+ranker); models packages add theirs by name; each wheel that carries models stays under the package index's limit."""
 from __future__ import annotations
+
+import json
+import logging
+import sys
+from importlib.metadata import EntryPoint
 
 import pytest
 
 from pyserini_mores.models import (
+    MODELS_ENTRY_POINT_GROUP,
     SHIPPED_DEFAULTS,
     SHIPPED_MODELS_DIR,
     default_model,
     load_model,
+    loading,
+    shipped_model_dirs,
     shipped_model_path,
     shipped_models,
 )
@@ -16,13 +25,17 @@ from pyserini_mores.search.sample import DEFAULT_MODEL, DEFAULT_RERANKER
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-#: the package index refuses files over 100 MB by default: the shipped models leave 10 MB of the wheel to the code
-SHIPPED_BUDGET_BYTES = 90 * 10**6
+#: the package index refuses files over 100 MB by default: the shipped models leave 10 MB of each wheel to the rest
+WHEEL_MODELS_BUDGET_BYTES = 90 * 10**6
 MODEL_BUDGET_BYTES = 40 * 10**6
 
 
 def _size(directory) -> int:
     return sum(path.stat().st_size for path in directory.rglob("*") if path.is_file())
+
+
+def _model_type(name: str) -> str:
+    return json.loads((shipped_model_path(name) / "config.json").read_text())["model_type"]
 
 
 def test_the_embedded_default_is_a_shipped_trained_model():
@@ -32,22 +45,26 @@ def test_the_embedded_default_is_a_shipped_trained_model():
 
 @pytest.mark.parametrize("name", shipped_models())
 def test_every_shipped_model_is_within_its_size_budget(name):
-    size = _size(SHIPPED_MODELS_DIR / name)
+    size = _size(shipped_model_path(name))
     assert size <= MODEL_BUDGET_BYTES, f"{name} takes {size / 1e6:.1f} MB; a model's budget is 40 MB"
 
 
-def test_the_shipped_models_together_fit_in_one_wheel():
-    total = _size(SHIPPED_MODELS_DIR)
-    assert total <= SHIPPED_BUDGET_BYTES, f"shipped models take {total / 1e6:.1f} MB; the budget is 90 MB"
+@pytest.mark.parametrize("directory", shipped_model_dirs(), ids=str)
+def test_the_models_of_each_package_fit_in_its_wheel(directory):
+    total = _size(directory)
+    assert total <= WHEEL_MODELS_BUDGET_BYTES, f"{directory} takes {total / 1e6:.1f} MB; a wheel's budget is 90 MB"
+
+
+def test_no_model_name_is_shipped_twice():
+    names = [path.name for directory in shipped_model_dirs() for path in directory.glob("*")
+             if (path / "config.json").is_file()]
+    assert len(names) == len(set(names)), names
 
 
 def test_each_shipped_default_is_shipped_and_of_its_model_type():
-    import json
-
     for model_type, name in SHIPPED_DEFAULTS.items():
         if name in shipped_models():
-            config = json.loads((SHIPPED_MODELS_DIR / name / "config.json").read_text())
-            assert config["model_type"] == model_type, name
+            assert _model_type(name) == model_type, name
             assert default_model(model_type) == name
         else:
             assert default_model(model_type) == "minilm"
@@ -81,10 +98,7 @@ def test_default_model_loads_as_a_delta_and_differs_from_the_untrained_backbone(
 
 @pytest.mark.parametrize("name", shipped_models())
 def test_every_shipped_model_loads_offline_and_ranks_the_relevant_passage_first(name):
-    import json
-
-    model_type = json.loads((SHIPPED_MODELS_DIR / name / "config.json").read_text())["model_type"]
-    model = load_model(model_type, name)
+    model = load_model(_model_type(name), name)
     assert model.source == str(shipped_model_path(name))
     query = "visualize ABI changes of a C/C++ library"
     relevant = "libabigail: a set of tools to compare the ABI of shared libraries and report ABI changes"
@@ -106,3 +120,61 @@ def test_a_model_initialised_from_a_shipped_ranker_records_it_by_name():
     assert from_name.config.backbone == DEFAULT_MODEL
     from_path = load_model("mores", shipped_model_path(DEFAULT_MODEL), n_interaction_blocks=2)
     assert from_name.store_fingerprint() == from_path.store_fingerprint()
+
+
+@pytest.fixture
+def models_package(tmp_path, monkeypatch):
+    """A models package of the test's own: ``install(value)`` registers an entry point of
+    :data:`MODELS_ENTRY_POINT_GROUP` (``module:attribute``) beside the installed ones; the module ``fake_models``
+    (in ``tmp_path``) names ``tmp_path / 'models'``."""
+    (tmp_path / "models").mkdir()
+    (tmp_path / "fake_models.py").write_text(f"MODELS_DIR = {str(tmp_path / 'models')!r}\nNOT_A_DIR = '/no/such/dir'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "fake_models", raising=False)  # another test's, naming its own tmp_path
+    installed = list(loading.entry_points(group=MODELS_ENTRY_POINT_GROUP))
+    added = []
+
+    def install(value: str):
+        added.append(EntryPoint(name=f"test-{len(added)}", value=value, group=MODELS_ENTRY_POINT_GROUP))
+        shipped_model_dirs.cache_clear()
+
+    monkeypatch.setattr(loading, "entry_points", lambda group: installed + added if group == MODELS_ENTRY_POINT_GROUP
+                        else [])
+    yield tmp_path / "models", install
+    shipped_model_dirs.cache_clear()
+
+
+def test_a_models_package_adds_its_models_by_name_and_loads_them_over_a_ranker_shipped_elsewhere(models_package):
+    """debian-mores-2ib is a delta over debian-cross-encoder: from another package's directory it must still find
+    its reference by name."""
+    directory, install = models_package
+    (directory / "other-mores").symlink_to(shipped_model_path("debian-mores-2ib"), target_is_directory=True)
+    (directory / DEFAULT_MODEL).mkdir()
+    (directory / DEFAULT_MODEL / "config.json").write_text("{}")  # a name the package itself ships: the package's wins
+    install("fake_models:MODELS_DIR")
+    assert shipped_model_dirs()[0] == SHIPPED_MODELS_DIR and shipped_model_dirs()[-1] == directory
+    assert shipped_model_path("other-mores") == directory / "other-mores"
+    assert shipped_model_path(DEFAULT_MODEL) == SHIPPED_MODELS_DIR / DEFAULT_MODEL
+    assert {"other-mores", DEFAULT_MODEL} <= set(shipped_models())
+    from_package = load_model("mores", "other-mores")
+    assert from_package.source == str(directory / "other-mores")
+    query, passages = "visualize ABI changes of a C/C++ library", ["libabigail: compare the ABI of shared libraries",
+                                                                    "a real-time strategy game of ancient warfare"]
+    assert from_package.score_texts(query, passages).tolist() == \
+        load_model("mores", "debian-mores-2ib").score_texts(query, passages).tolist()
+
+
+@pytest.mark.parametrize("value, says", [
+    ("no_such_module_here:MODELS_DIR", "could not be loaded, so its models are not available: No module named"),
+    ("fake_models:NOT_A_DIR", "names /no/such/dir, which is not a directory: its models are not available"),
+])
+def test_a_broken_models_package_is_skipped_with_a_warning_that_names_it(models_package, caplog, value, says):
+    directory, install = models_package
+    (directory / "other-model").mkdir()
+    (directory / "other-model" / "config.json").write_text("{}")
+    install(value)
+    install("fake_models:MODELS_DIR")
+    with caplog.at_level(logging.WARNING, logger="pyserini_mores"):
+        assert shipped_model_path("other-model") == directory / "other-model"
+    assert f"models package 'test-0' ({value}) " in caplog.text and says in caplog.text
+    assert shipped_model_path(DEFAULT_MODEL) == SHIPPED_MODELS_DIR / DEFAULT_MODEL
