@@ -218,6 +218,9 @@ class PreTTRModel(RankingModel):
     config_class = PreTTRConfig
     default_loss = "listwise"  # with one negative, the paper's pairwise softmax loss
     new_parameters = ("head.",)
+    # the stack shared by the separate lower layers and the joined upper ones: --freeze-layers N keeps its first N
+    # (and, started from a cross-encoder, its delta stores only the layers above them)
+    layer_stack = "encoder.layers."
     starts_from_rankers = True
     joint_input = True
     explanation = "attention"

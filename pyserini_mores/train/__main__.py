@@ -97,7 +97,7 @@ def define_train_args(parser: argparse.ArgumentParser) -> None:
                      help="keep the embedding tables frozen (the trained model then ships as a small delta)")
     opt.add_argument("--freeze-layers", type=int, default=S, metavar="N",
                      help="keep the first N layers of a cross-encoder (so that models built from it still load "
-                          "over it) or of MORES's document module frozen too")
+                          "over it), of PreTTR or of MORES's document module frozen too")
     opt.add_argument("--doc-sidecar", default=S, metavar="SIDECAR",
                      help="train only what runs online, reading documents from this sidecar of the model instead "
                           "of encoding them (every parameter the sidecar depends on is frozen, so it stays valid "

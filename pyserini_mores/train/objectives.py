@@ -170,7 +170,8 @@ def select_trainable(model: nn.Module, train_modules: str = "all", freeze_embedd
     ``freeze_layers`` also freezes the first that many layers of the model's one Transformer stack (its
     :attr:`~pyserini_mores.models.base.RankingModel.layer_stack`): a cross-encoder trained so, with frozen
     embeddings too, keeps what the models built from it copied (MORES's document module is its first layers), so
-    their deltas and sidecars stay valid over it; MORES's own stack is its document module's.
+    their deltas and sidecars stay valid over it; PreTTR's is its one encoder (separate below the join, joint
+    above it), MORES's its document module's.
 
     Raises:
         ValueError: for a module group the model does not have; for ``freeze_layers`` on a model without one stack of
@@ -206,7 +207,7 @@ def _freeze_lower_layers(model: nn.Module, count: int) -> None:
     if stack is None:
         model_type = getattr(model, "model_type", type(model).__name__)
         raise ValueError("--freeze-layers needs a model with one stack of Transformer layers (a cross-encoder, "
-                         f"MORES's document module); a '{model_type}' model has none")
+                         f"PreTTR, MORES's document module); a '{model_type}' model has none")
     depth = len({name[len(stack):].split(".", 1)[0] for name, _ in model.named_parameters() if name.startswith(stack)})
     if not 0 < count <= depth:
         raise ValueError(f"--freeze-layers {count}: the model has {depth} layers")

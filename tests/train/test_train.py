@@ -414,9 +414,24 @@ def test_mores_freeze_layers_keeps_the_lower_document_layers_and_trains_the_rest
         [name for name, changed in moved.items() if not changed]
 
 
+def test_prettr_freeze_layers_keeps_the_lower_layers_and_trains_those_above_and_across_the_join(
+        init_dirs, triples_path, tmp_path):
+    init = init_dirs("prettr")  # 4 layers joined at 2: layer 1 runs separately, layers 2-3 on the joined sequence
+    before = load_model("prettr", init).state_dict()
+    result = train(_settings(tmp_path, "prettr", init, triples_path, freeze_embeddings=True, freeze_layers=1,
+                             max_steps=3), progress=False)
+    after = result.model.state_dict()
+    kept = _changed(before, after, ("encoder.embeddings.", "encoder.layers.0."))
+    moved = _changed(before, after, ("encoder.layers.1.", "encoder.layers.2.", "encoder.layers.3.", "head."))
+    assert kept and not any(kept.values()), [name for name, changed in kept.items() if changed]
+    assert moved and all(changed for name, changed in moved.items() if not name.endswith("key.bias")), \
+        [name for name, changed in moved.items() if not changed]
+
+
 def test_freeze_layers_is_refused_without_one_stack_or_beyond_its_depth(init_dirs, triples_path, tmp_path):
     with pytest.raises(ValueError, match="--freeze-layers needs a model with one stack of Transformer layers "
-                                         r"\(a cross-encoder, MORES's document module\); a 'tk' model has none"):
+                                         r"\(a cross-encoder, PreTTR, MORES's document module\); "
+                                         "a 'tk' model has none"):
         train(_settings(tmp_path, "tk", init_dirs("tk"), triples_path, freeze_layers=1), progress=False)
     with pytest.raises(ValueError, match="--freeze-layers 3: the model has 2 layers"):
         train(_settings(tmp_path, "cross-encoder", init_dirs("cross-encoder"), triples_path, freeze_layers=3),
