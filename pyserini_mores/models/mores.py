@@ -117,7 +117,8 @@ class MoresConfig(RankingConfig):
             ``L − K`` to ``L``) is an ablation beyond the paper: block ``i`` copies layer ``L − K + i``, which in
             the backbone read states of depth ``L − K + i``; with ``L − K`` document layers the first block reads
             document states at exactly the depth its copied weights were trained on (and documents cost fewer
-            layers to encode).
+            layers to encode). Untied, it may be fewer than ``L − K`` (a model of K blocks folded from one of more
+            keeps that one's document module: :meth:`MoresModel.with_fewer_blocks`).
     """
 
     n_interaction_blocks: int = 2
@@ -144,12 +145,13 @@ class MoresConfig(RankingConfig):
             raise ValueError(f"tied must be true or false, not {self.tied!r}")
         if self.n_interaction_blocks < 1:
             raise ValueError(f"n_interaction_blocks must be at least 1, not {self.n_interaction_blocks}")
-        if self.document_layers is not None and self.encoder is not None and not (
-                self.encoder.num_hidden_layers - self.n_interaction_blocks <= self.document_layers
-                <= self.encoder.num_hidden_layers):
-            raise ValueError(f"document_layers must be from L − K = "
-                             f"{self.encoder.num_hidden_layers - self.n_interaction_blocks} to L = "
-                             f"{self.encoder.num_hidden_layers}, not {self.document_layers}")
+        if self.document_layers is not None and self.encoder is not None:
+            # Tied, the query module is the document module's first L − K layers, so it must have them.
+            lowest = self.encoder.num_hidden_layers - self.n_interaction_blocks if self.tied else 1
+            if not lowest <= self.document_layers <= self.encoder.num_hidden_layers:
+                raise ValueError(f"document_layers must be from {'L − K = ' if self.tied else ''}{lowest} to L = "
+                                 f"{self.encoder.num_hidden_layers}{' (tied)' if self.tied else ''}, "
+                                 f"not {self.document_layers}")
         if self.encoder is not None and self.n_interaction_blocks >= self.encoder.num_hidden_layers:
             raise ValueError(
                 f"n_interaction_blocks={self.n_interaction_blocks} needs an encoder with more layers than that "
@@ -460,6 +462,41 @@ class MoresModel(RankingModel):
                 block.cross_attention.load_state_dict(_sub_state(layer_weights, "attention."))
             else:
                 block.cross_attention.apply(_init_bert_weights)
+
+    def with_fewer_blocks(self, n_interaction_blocks: int) -> "MoresModel":
+        """A MORES of ``n_interaction_blocks`` blocks made from this one (beyond the paper): its first
+        ``K − n_interaction_blocks`` blocks become the last layers of the query module, each keeping its query
+        self-attention and FFN and losing its cross-attention, the only place it read the document (a joint block
+        keeps its attention over the query's keys only); the remaining
+        blocks, the head, the embeddings and the document module are copied unchanged, so an S1 sidecar of this
+        model is the new one's too. A start for a trained MORES with fewer blocks: it needs training, since the
+        kept blocks now read query states that never saw the document.
+
+        Raises:
+            ValueError: unless ``1 ≤ n_interaction_blocks < K``, or when the query module is tied to the document
+                module (the new query layers would have to be document layers too).
+        """
+        blocks = self.config.n_interaction_blocks
+        if not 1 <= n_interaction_blocks < blocks:
+            raise ValueError(f"a MORES with {blocks} interaction blocks can become one of 1 to {blocks - 1}, "
+                             f"not {n_interaction_blocks}")
+        if self.config.tied:
+            raise ValueError("the query module is tied to the document module (tied=true): folding blocks into it "
+                             "would change the document module too; only an untied MORES can lose blocks")
+        folded = blocks - n_interaction_blocks
+        smaller = type(self)(replace(self.config, n_interaction_blocks=n_interaction_blocks), self.tokenizer)
+        state = {name: value for name, value in self.state_dict().items()
+                 if not name.startswith("interaction_module.blocks.")}
+        for index, block in enumerate(self.interaction_module.blocks):
+            if index < folded:
+                prefix = f"query_module.layers.{self.config.n_query_layers + index}."
+                state.update(block.self_attention.state_dict(prefix=prefix + "attention."))
+                state.update(block.ffn.state_dict(prefix=prefix + "ffn."))
+            else:
+                state.update(block.state_dict(prefix=f"interaction_module.blocks.{index - folded}."))
+        smaller.load_state_dict(state, strict=True)
+        smaller.train(self.training)
+        return smaller
 
     @property
     def ranking_head(self) -> nn.Linear:

@@ -1,4 +1,5 @@
-"""Training CLI: ``python -m pyserini_mores.train {mine-negatives,train,pretrain-compressor,recipes} ...``.
+"""Training CLI: ``python -m pyserini_mores.train {mine-negatives,train,pretrain-compressor,export-delta,fold-blocks,
+recipes} ...``.
 
 Examples::
 
@@ -14,6 +15,7 @@ Examples::
     python -m pyserini_mores.train pretrain-compressor --recipe prettr-compressor-debian --texts collection.tsv \\
         --output models/prettr-e128
     python -m pyserini_mores.train export-delta --model-type prettr --model models/prettr --output prettr-delta
+    python -m pyserini_mores.train fold-blocks --model debian-mores-2ib --blocks 1 --output models/mores-1ib-start
     python -m pyserini_mores.train recipes            # list the shipped recipes
 """
 from __future__ import annotations
@@ -187,6 +189,12 @@ def build_parser() -> argparse.ArgumentParser:
     delta.add_argument("--model", required=True, help="trained checkpoint directory")
     delta.add_argument("--output", required=True)
     delta.add_argument("--dtype", choices=["float16", "bfloat16", "float32"], default="float16")
+    fold = commands.add_parser("fold-blocks", help="start a MORES with fewer interaction blocks from a trained one: "
+                                                   "its first blocks become query-module layers (their "
+                                                   "cross-attention dropped); its S1 sidecar stays valid")
+    fold.add_argument("--model", required=True, help="a MORES checkpoint directory or shipped model name")
+    fold.add_argument("--blocks", type=int, required=True, help="interaction blocks to keep (the last ones)")
+    fold.add_argument("--output", required=True)
     recipes = commands.add_parser("recipes", help="list the shipped recipes, or show one")
     recipes.add_argument("name", nargs="?")
     return parser
@@ -293,6 +301,15 @@ def run_export_delta(args: argparse.Namespace) -> None:
           f"parameters ({summary['tensors']} tensors, {summary['bytes'] / 1e6:.1f} MB) in {args.output}")
 
 
+def run_fold_blocks(args: argparse.Namespace) -> None:
+    from ..models import load_model
+
+    model = load_model("mores", args.model).with_fewer_blocks(args.blocks)
+    model.save_pretrained(args.output)
+    print(f"stored a MORES of {args.blocks} interaction block(s) in {args.output}; its document module is "
+          f"{args.model}'s, so an S1 sidecar of {args.model} serves it")
+
+
 def run_recipes(args: argparse.Namespace) -> None:
     from .recipes import read_recipe, recipe_names
 
@@ -314,7 +331,8 @@ def _run(args: argparse.Namespace) -> None:
     else:
         setup_logging(args.verbose)
     handlers = {"mine-negatives": run_mine, "train": run_train, "pretrain-compressor": run_compressor,
-                "export-delta": run_export_delta, "recipes": run_recipes}
+                "export-delta": run_export_delta, "fold-blocks": run_fold_blocks,
+                "recipes": run_recipes}
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     with logging_redirect_tqdm():

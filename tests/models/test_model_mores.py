@@ -491,11 +491,85 @@ def test_a_shorter_document_module_takes_the_backbones_first_layers(hf_backbone,
     assert full.fingerprint() != model.fingerprint()
 
 
-@pytest.mark.parametrize("document_layers", [1, 5])
-def test_document_layers_must_lie_between_l_minus_k_and_l(tiny_dims, tokenizer, document_layers):
+@pytest.mark.parametrize("tied, document_layers, message", [
+    (True, 1, r"document_layers must be from L − K = 2 to L = 4 \(tied\), not 1"),
+    (True, 5, r"document_layers must be from L − K = 2 to L = 4 \(tied\), not 5"),
+    (False, 0, "document_layers must be from 1 to L = 4, not 0"),
+    (False, 5, "document_layers must be from 1 to L = 4, not 5"),
+])
+def test_document_layers_must_lie_within_the_encoder(tiny_dims, tokenizer, tied, document_layers, message):
+    """Tied, the query module's L − K layers are the document module's first ones, so it must have them."""
     dims = dataclasses.replace(tiny_dims, num_hidden_layers=4)
-    with pytest.raises(ValueError, match="document_layers must be from L − K = 2 to L = 4"):
-        make_model(dims, tokenizer, n_interaction_blocks=2, document_layers=document_layers)
+    with pytest.raises(ValueError, match=message):
+        make_model(dims, tokenizer, n_interaction_blocks=2, tied=tied, document_layers=document_layers)
+
+
+def test_an_untied_document_module_may_be_shallower_than_the_query_module(tiny_dims, tokenizer):
+    dims = dataclasses.replace(tiny_dims, num_hidden_layers=4)
+    model = make_model(dims, tokenizer, n_interaction_blocks=1, tied=False, document_layers=1)
+    assert (len(model.document_module.layers), len(model.query_module.layers)) == (1, 3)
+    with torch.no_grad():
+        trained = model(model.tokenize_queries([QUERY] * len(DOCUMENTS)), model.tokenize_documents(DOCUMENTS))
+        s1 = stored_scores(model, QUERY, DOCUMENTS, "s1")
+    assert trained.std() > 0.05
+    torch.testing.assert_close(s1, trained, atol=1e-4, rtol=0)
+
+
+def _without_cross_attention(block) -> None:
+    """Make ``block`` skip what reads the document: its attention over the query only, then its FFN (what folding
+    keeps)."""
+    block.forward = lambda x, doc_keys, doc_values, doc_mask, query_mask, cross_queries=None: block.ffn(
+        block.self_attention(x, mask=query_mask))
+
+
+@pytest.mark.parametrize("blocks, kept, document_layers, interaction", [
+    (2, 1, 2, "separate"), (3, 1, None, "separate"), (3, 2, 1, "separate"), (2, 1, 2, "joint")])
+def test_fewer_blocks_score_as_the_first_blocks_without_their_cross_attention(tiny_dims, tokenizer, blocks, kept,
+                                                                             document_layers, interaction):
+    dims = dataclasses.replace(tiny_dims, num_hidden_layers=4)
+    model = make_model(dims, tokenizer, n_interaction_blocks=blocks, tied=False, document_layers=document_layers,
+                       reuse="s1", interaction=interaction)
+    smaller = model.with_fewer_blocks(kept)
+    assert smaller.config.n_interaction_blocks == kept and len(smaller.query_module.layers) == 4 - kept
+    assert smaller.store_fingerprint() == model.store_fingerprint()  # the same S1 sidecar serves both
+    queries = model.tokenize_queries([QUERY] * len(DOCUMENTS))
+    documents = model.tokenize_documents(DOCUMENTS)
+    with torch.no_grad():
+        folded = smaller(queries, documents)
+        for block in model.interaction_module.blocks[:blocks - kept]:
+            _without_cross_attention(block)
+        expected = model(queries, documents)
+        # The larger model's stored document vectors, scored by the smaller one.
+        stored, lengths = pad_documents(model.encode_documents(documents))
+        from_sidecar = smaller.score(smaller.encode_query(smaller.tokenize_queries([QUERY])), stored, lengths)
+    assert folded.std() > 0.05
+    torch.testing.assert_close(folded, expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(from_sidecar, folded, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("overrides, kept, message", [
+    ({"tied": False}, 2, "a MORES with 2 interaction blocks can become one of 1 to 1, not 2"),
+    ({"tied": False}, 0, "a MORES with 2 interaction blocks can become one of 1 to 1, not 0"),
+    ({"tied": True}, 1, r"the query module is tied to the document module \(tied=true\)"),
+])
+def test_fewer_blocks_refuses_what_it_cannot_fold(tiny_dims, tokenizer, overrides, kept, message):
+    model = make_model(dataclasses.replace(tiny_dims, num_hidden_layers=4), tokenizer, n_interaction_blocks=2,
+                       **overrides)
+    with pytest.raises(ValueError, match=message):
+        model.with_fewer_blocks(kept)
+
+
+def test_fold_blocks_command_saves_the_smaller_model(tiny_dims, tokenizer, tmp_path, capsys):
+    from pyserini_mores.train.__main__ import main
+
+    model = make_model(dataclasses.replace(tiny_dims, num_hidden_layers=4), tokenizer, n_interaction_blocks=2,
+                       tied=False, reuse="s1")
+    model.save_pretrained(tmp_path / "two")
+    assert main(["fold-blocks", "--model", str(tmp_path / "two"), "--blocks", "1",
+                 "--output", str(tmp_path / "one")]) == 0
+    assert "stored a MORES of 1 interaction block(s)" in capsys.readouterr().out
+    loaded = load_model("mores", tmp_path / "one")
+    assert loaded.fingerprint() == model.with_fewer_blocks(1).fingerprint()
 
 
 def test_joint_flops_count_one_attention_over_query_and_document_keys():
