@@ -18,6 +18,32 @@ def tokenizer():
     return AutoTokenizer.from_pretrained(str(offline_minilm_path()))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def auto_precision_is_fp32():
+    """``--precision auto`` resolves to fp32 in every test and fixture, whatever the CPU: the exactness tests compare
+    two computations (sidecar and text, split and joint) that agree to fp32 rounding, and on a CPU with AMX or
+    AVX512-BF16 ``auto`` would compute them in bf16, where they agree only to bf16's 8 bits — the suite would pass or
+    fail by machine. bf16 is tested where a test asks for it by name; ``@pytest.mark.real_cpu_precision`` gives a test
+    the real probe. (Session-scoped, so that module- and session-scoped fixtures build under it too.)"""
+    from pyserini_mores import precision
+
+    real_probe = precision.cpu_bf16_support
+    patch = pytest.MonkeyPatch()
+    patch.setattr(precision, "cpu_bf16_support",
+                  lambda: precision.Bf16Support(False, "the test suite's CPU: auto is fp32 in tests"))
+    yield real_probe
+    patch.undo()
+
+
+@pytest.fixture(autouse=True)
+def real_cpu_precision(request, monkeypatch, auto_precision_is_fp32):
+    """The real bf16 probe for tests marked ``real_cpu_precision``."""
+    if request.node.get_closest_marker("real_cpu_precision"):
+        from pyserini_mores import precision
+
+        monkeypatch.setattr(precision, "cpu_bf16_support", auto_precision_is_fp32)
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Tiny models gain nothing from a second intra-op thread, and two OpenMP threads on a busy 2-core machine wait

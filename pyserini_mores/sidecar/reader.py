@@ -422,14 +422,19 @@ class SidecarReader(ManifestMetadata):
                 f"dim={self.dim}, dtype={self.dtype!r}, model_type={self.model.get('model_type')!r})")
 
     def _check_rows(self, rows: Sequence[int] | np.ndarray) -> np.ndarray:
-        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
-        if rows.size:
-            bad = rows[(rows < 0) | (rows >= self.num_docs)]
-            if bad.size:
-                hint = " (-1 marks a docid that is not in the sidecar)" if bad[0] == -1 else ""
-                raise IndexError(f"row {int(bad[0])} is out of range for sidecar {self.path} with "
-                                 f"{self.num_docs} documents{hint}")
-        return rows
+        return checked_rows(rows, self.num_docs, self.path)
+
+
+def checked_rows(rows: Sequence[int] | np.ndarray, num_docs: int, path: Path) -> np.ndarray:
+    """``rows`` as a flat int64 array, or an ``IndexError`` naming the first row outside ``[0, num_docs)`` of the
+    sidecar at ``path``."""
+    rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+    if rows.size:
+        bad = rows[(rows < 0) | (rows >= num_docs)]
+        if bad.size:
+            hint = " (-1 marks a docid that is not in the sidecar)" if bad[0] == -1 else ""
+            raise IndexError(f"row {int(bad[0])} is out of range for sidecar {path} with {num_docs} documents{hint}")
+    return rows
 
 
 def head_major(docs: torch.Tensor, heads: int) -> torch.Tensor:

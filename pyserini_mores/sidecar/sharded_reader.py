@@ -17,7 +17,7 @@ from .format import (
     check_directory,
     check_expectations,
 )
-from .reader import BatchBuffer, ManifestMetadata, SidecarReader, check_heads, head_major, torch_dtype
+from .reader import BatchBuffer, ManifestMetadata, SidecarReader, check_heads, checked_rows, head_major, torch_dtype
 from .shards import coverage_problems, entry_problem, is_sharded, read_sharded_manifest, rows_text
 
 if TYPE_CHECKING:
@@ -201,14 +201,7 @@ class ShardedSidecarReader(ManifestMetadata):
                 f"model_type={self.model.get('model_type')!r})")
 
     def _check_rows(self, rows: Sequence[int] | np.ndarray) -> np.ndarray:
-        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
-        if rows.size:
-            bad = rows[(rows < 0) | (rows >= self.num_docs)]
-            if bad.size:
-                hint = " (-1 marks a docid that is not in the sidecar)" if bad[0] == -1 else ""
-                raise IndexError(f"row {int(bad[0])} is out of range for sidecar {self.path} with "
-                                 f"{self.num_docs} documents{hint}")
-        return rows
+        return checked_rows(rows, self.num_docs, self.path)
 
     def _split(self, rows: np.ndarray) -> list[tuple[SidecarReader, np.ndarray, np.ndarray]]:
         """``(shard reader, positions in rows, shard-local rows)`` for every shard that ``rows`` touch."""
