@@ -1,12 +1,13 @@
 """Where and in which precision a model computes: on a CUDA GPU where PyTorch sees one, else the CPU; in bf16 only
 where the device runs it natively, fp32 elsewhere.
 
-bf16 matmuls are ~10× faster than fp32 on CPUs with AMX or AVX512-BF16 and on CUDA GPUs with bf16 support; on
-CPUs without them (AVX2, plain AVX-512) PyTorch emulates bf16 and it is ~20× *slower* than fp32. ``auto`` — the
-default of every command and of the Python API, for the device as for the precision — therefore picks per machine,
-and says once per process what it chose and why. The precision depends on the device, so both are resolved here, by
-every command and the Python API alike: a GPU asked for where there is none fails the same way everywhere, before any
-model is loaded.
+bf16 matmuls are faster than fp32 where the hardware has bf16 instructions — ~10× on CPUs with AMX, ~4.7× on a
+2-core AMD EPYC with AVX512-BF16 (a [2048 × 384] · [384 × 1536] GEMM: 950 against 204 GFLOP/s), and on CUDA GPUs
+with bf16 support; on CPUs without them (AVX2, plain AVX-512) PyTorch emulates bf16 and it is ~20× *slower* than
+fp32. ``auto`` — the default of every command and of the Python API, for the device as for the precision —
+therefore picks per machine, and says once per process what it chose and why. The precision depends on the device,
+so both are resolved here, by every command and the Python API alike: a GPU asked for where there is none fails the
+same way everywhere, before any model is loaded.
 """
 from __future__ import annotations
 
