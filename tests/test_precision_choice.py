@@ -85,6 +85,13 @@ def test_rerankers_and_training_default_to_auto(monkeypatch, tiny_maxsim_dir, na
     assert training_precision(False, "auto", "cpu") == "fp32"
 
 
+def test_the_suite_computes_auto_in_fp32_on_every_cpu():
+    """conftest's stand-in answers here, on any CPU: without it the exactness tests would run in bf16 on AMX and
+    AVX512-BF16 machines and fail there."""
+    assert "test suite" in precision.cpu_bf16_support().reason
+    assert resolve_precision("auto") == "fp32"
+
+
 @pytest.mark.real_cpu_precision
 def test_this_machine_answers():
     """The real probe runs on whatever CPU this is and gives a reason a user can read."""
