@@ -146,12 +146,14 @@ class MoresConfig(RankingConfig):
         if self.n_interaction_blocks < 1:
             raise ValueError(f"n_interaction_blocks must be at least 1, not {self.n_interaction_blocks}")
         if self.document_layers is not None and self.encoder is not None:
-            # Tied, the query module is the document module's first L − K layers, so it must have them.
-            lowest = self.encoder.num_hidden_layers - self.n_interaction_blocks if self.tied else 1
-            if not lowest <= self.document_layers <= self.encoder.num_hidden_layers:
-                raise ValueError(f"document_layers must be from {'L − K = ' if self.tied else ''}{lowest} to L = "
-                                 f"{self.encoder.num_hidden_layers}{' (tied)' if self.tied else ''}, "
-                                 f"not {self.document_layers}")
+            layers = self.encoder.num_hidden_layers
+            if self.tied:  # the query module is the document module's first L − K layers, so it must have them
+                lowest = layers - self.n_interaction_blocks
+                allowed = f"from L − K = {lowest} to L = {layers} (tied)"
+            else:
+                lowest, allowed = 1, f"from 1 to L = {layers}"
+            if not lowest <= self.document_layers <= layers:
+                raise ValueError(f"document_layers must be {allowed}, not {self.document_layers}")
         if self.encoder is not None and self.n_interaction_blocks >= self.encoder.num_hidden_layers:
             raise ValueError(
                 f"n_interaction_blocks={self.n_interaction_blocks} needs an encoder with more layers than that "

@@ -195,6 +195,13 @@ def build_parser() -> argparse.ArgumentParser:
     fold.add_argument("--model", required=True, help="a MORES checkpoint directory or shipped model name")
     fold.add_argument("--blocks", type=int, required=True, help="interaction blocks to keep (the last ones)")
     fold.add_argument("--output", required=True)
+    average = commands.add_parser("average", help="average the weights of rankers fine-tuned from one start (a model "
+                                                  "soup; see pyserini_mores.models.averaging)")
+    average.add_argument("--model-type", required=True)
+    average.add_argument("--model", action="append", required=True, dest="models",
+                         help="a checkpoint directory or shipped model name; give two or more")
+    average.add_argument("--weights", type=float, nargs="+", help="one per --model, summing to 1 (default: equal)")
+    average.add_argument("--output", required=True)
     recipes = commands.add_parser("recipes", help="list the shipped recipes, or show one")
     recipes.add_argument("name", nargs="?")
     return parser
@@ -310,6 +317,16 @@ def run_fold_blocks(args: argparse.Namespace) -> None:
           f"{args.model}'s, so an S1 sidecar of {args.model} serves it")
 
 
+def run_average(args: argparse.Namespace) -> None:
+    from ..models import load_model
+    from ..models.averaging import average_models
+
+    soup = average_models([load_model(args.model_type, name) for name in args.models], args.weights)
+    soup.save_pretrained(args.output)
+    weights = args.weights or [1 / len(args.models)] * len(args.models)
+    print(f"stored {' + '.join(f'{w:g} × {name}' for w, name in zip(weights, args.models))} in {args.output}")
+
+
 def run_recipes(args: argparse.Namespace) -> None:
     from .recipes import read_recipe, recipe_names
 
@@ -332,7 +349,7 @@ def _run(args: argparse.Namespace) -> None:
         setup_logging(args.verbose)
     handlers = {"mine-negatives": run_mine, "train": run_train, "pretrain-compressor": run_compressor,
                 "export-delta": run_export_delta, "fold-blocks": run_fold_blocks,
-                "recipes": run_recipes}
+                "average": run_average, "recipes": run_recipes}
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     with logging_redirect_tqdm():
