@@ -1,10 +1,10 @@
 """Weight-space averaging of rankers fine-tuned from one start (a "model soup": Wortsman et al., ICML 2022,
 "Model soups: averaging weights of multiple fine-tuned models improves accuracy without increasing inference time").
 
-Two cross-encoders fine-tuned from the same MiniLM with different losses or data sit in one basin of the loss
-surface, so their weighted mean is a model of the same architecture and cost that often ranks better than either.
-Models from different starts (another backbone, a random head each) do not: their mean is not a ranker at all,
-and nothing here can tell — the dev set decides.
+Models fine-tuned from one pretrained start with different losses, data or seeds tend to stay in one basin of the
+loss surface (the paper's finding), so their weighted mean is a model of the same architecture and cost that often
+ranks better than either. Models from different starts (another backbone, a random head each) do not: their mean
+need not be a ranker at all, and nothing here can tell — the dev set decides.
 """
 from __future__ import annotations
 
