@@ -43,15 +43,25 @@ def is_delta_checkpoint(directory: str | os.PathLike) -> bool:
     return (Path(directory) / DELTA_WEIGHTS_NAME).is_file()
 
 
-def save_delta(model: RankingModel, directory: str | os.PathLike, dtype: torch.dtype = torch.float16) -> dict:
+def save_delta(model: RankingModel, directory: str | os.PathLike, dtype: torch.dtype = torch.float16,
+               backbone: str | None = None) -> dict:
     """Write the tensors of ``model`` that differ from its backbone initialisation to ``directory``.
+
+    ``backbone`` replaces the one the model records (the name it will be rebuilt from on load): a model trained from
+    a local checkpoint ships over the name that checkpoint ships under. Every tensor that differs from that
+    rebuild is stored, so the delta loads to the model's weights over any backbone of the same shapes; the nearer
+    the backbone, the smaller the delta.
 
     Returns a summary: tensors and parameters stored, of how many, and the file size.
 
     Raises:
-        ValueError: the model has no ``config.backbone`` to be rebuilt from.
+        ValueError: the model has no ``config.backbone`` to be rebuilt from, or ``backbone`` rebuilds a model of
+            another configuration.
     """
-    reference = rebuild_from_backbone(type(model), model.config.to_dict())
+    model_config = model.config.to_dict()
+    if backbone is not None:
+        model_config["backbone"] = backbone
+    reference = rebuild_from_backbone(type(model), model_config)
     reference_state = reference.state_dict()
     changed, seen = {}, set()
     total = 0
@@ -65,7 +75,7 @@ def save_delta(model: RankingModel, directory: str | os.PathLike, dtype: torch.d
     tensors = sum(not name.endswith(ROWS_SUFFIX) for name in changed)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    config = {"model_type": model.model_type, **model.config.to_dict(),
+    config = {"model_type": model.model_type, **model_config,
               "delta": {"dtype": str(dtype).removeprefix("torch."), "tensors": tensors,
                         "reference": _rebuilt_digest(reference_state, _stored_whole(changed))}}
     (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

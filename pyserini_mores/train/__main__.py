@@ -189,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     delta.add_argument("--model", required=True, help="trained checkpoint directory")
     delta.add_argument("--output", required=True)
     delta.add_argument("--dtype", choices=["float16", "bfloat16", "float32"], default="float16")
+    delta.add_argument("--backbone", help="store the delta over this backbone (a shipped model's name, a hub name or a "
+                                          "directory) instead of the one the checkpoint records, e.g. the name "
+                                          "under which the cross-encoder it was trained from ships")
     fold = commands.add_parser("fold-blocks", help="start a MORES with fewer interaction blocks from a trained one: "
                                                    "its first blocks become query-module layers (their "
                                                    "cross-attention dropped); its S1 sidecar stays valid")
@@ -303,7 +306,8 @@ def run_export_delta(args: argparse.Namespace) -> None:
     from ..models import load_model
     from ..models.delta import save_delta
 
-    summary = save_delta(load_model(args.model_type, args.model), args.output, dtype=getattr(torch, args.dtype))
+    summary = save_delta(load_model(args.model_type, args.model), args.output, dtype=getattr(torch, args.dtype),
+                         backbone=args.backbone)
     print(f"stored {summary['parameters']:,} of {summary['of_parameters']:,} "
           f"parameters ({summary['tensors']} tensors, {summary['bytes'] / 1e6:.1f} MB) in {args.output}")
 

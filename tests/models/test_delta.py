@@ -170,3 +170,46 @@ def test_a_delta_is_refused_over_a_backbone_that_changed_since(tmp_path, tiny_ba
     retrained.save_pretrained(backbone)
     with pytest.raises(ValueError, match=r"was saved over another '.*backbone' than the one installed"):
         load_model("prettr", tmp_path / "delta")
+
+
+@pytest.fixture
+def further_trained_backbone(tmp_path, tiny_backbone, tokenizer):
+    """The tiny backbone with its last layer trained further and its embeddings untouched, as the cross-encoder's
+    second stage leaves the first stage it continued (embeddings and lower layers frozen)."""
+    from transformers import BertModel
+
+    backbone = BertModel.from_pretrained(tiny_backbone)
+    with torch.no_grad():
+        for parameter in backbone.encoder.layer[-1].parameters():
+            parameter.add_(0.01)
+    path = tmp_path / "further-trained"
+    backbone.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_a_delta_stored_over_another_backbone_records_it_and_loads_to_the_trained_weights(
+        tmp_path, tiny_backbone, further_trained_backbone):
+    model = _trained("mores", tiny_backbone, n_interaction_blocks=1)
+    over_start = save_delta(model, tmp_path / "over-start", dtype=torch.float32)
+    summary = save_delta(model, tmp_path / "delta", dtype=torch.float32, backbone=str(further_trained_backbone))
+    config = json.loads((tmp_path / "delta" / "config.json").read_text())
+    assert config["backbone"] == str(further_trained_backbone)
+    from safetensors.torch import load_file
+
+    assert not any("embeddings" in name for name in load_file(str(tmp_path / "delta" / DELTA_WEIGHTS_NAME)))
+    assert summary["parameters"] >= over_start["parameters"]
+    loaded = load_model("mores", tmp_path / "delta")
+    for (name, expected), actual in zip(model.state_dict().items(), loaded.state_dict().values()):
+        assert torch.equal(expected, actual), name
+
+
+def test_export_delta_refuses_a_backbone_of_another_shape(tmp_path, tiny_backbone):
+    from pyserini_mores.train.__main__ import main
+
+    _trained("tk", tiny_backbone).save_pretrained(tmp_path / "full")
+    with pytest.raises(SystemExit,
+                       match=r"^error: backbone 'minilm' rebuilds a different model \(config fields \[.+\] differ\)$"):
+        main(["export-delta", "--model-type", "tk", "--model", str(tmp_path / "full"), "--output",
+              str(tmp_path / "d"), "--backbone", "minilm"])
+    assert not (tmp_path / "d").exists()
