@@ -70,7 +70,7 @@ def save_delta(model: RankingModel, directory: str | os.PathLike, dtype: torch.d
         if tensor.data_ptr() in seen:  # tied modules (e.g. MORES's shared layers): store each tensor once
             continue
         seen.add(tensor.data_ptr())
-        if not torch.equal(tensor, reference_state[name]):
+        if not torch.equal(_as_stored(tensor, dtype), _as_stored(reference_state[name], dtype)):
             changed.update(_changed_part(name, tensor.detach().cpu(), reference_state[name].cpu(), dtype))
     tensors = sum(not name.endswith(ROWS_SUFFIX) for name in changed)
     directory = Path(directory)
@@ -99,16 +99,24 @@ def _rebuilt_digest(state: dict[str, torch.Tensor], stored_whole: set[str]) -> s
     return digest.hexdigest()
 
 
+def _as_stored(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``tensor`` as the delta would store it. Tensors (and rows) are compared in this form, so a model trained from
+    a float16 delta's weights (a shipped cross-encoder) does not store the tensors it kept frozen: they differ from
+    that delta's rebuild by less than float16 resolves, the error every stored tensor carries anyway."""
+    return tensor.detach().to(dtype) if tensor.is_floating_point() else tensor.detach()
+
+
 def _changed_part(name: str, tensor: torch.Tensor, reference: torch.Tensor,
                   dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """The stored form of a changed tensor: whole, or — for a 2-D table with fewer than half its rows changed —
-    the changed rows and their indices."""
-    stored_dtype = dtype if tensor.is_floating_point() else tensor.dtype
+    """The stored form of a changed tensor: whole, or — for a 2-D table whose changed rows and their int64 indices
+    take fewer bytes than the whole table — those rows and indices."""
+    stored = _as_stored(tensor, dtype)
     if tensor.dim() == 2:
-        rows = (tensor != reference).any(dim=1).nonzero().flatten()
-        if 2 * len(rows) < len(tensor):
-            return {name: tensor[rows].to(stored_dtype).clone(), name + ROWS_SUFFIX: rows.to(torch.int64)}
-    return {name: tensor.to(stored_dtype).clone()}
+        rows = (stored != _as_stored(reference, dtype)).any(dim=1).nonzero().flatten()
+        row_bytes = stored.shape[1] * stored.element_size()
+        if len(rows) * (row_bytes + torch.int64.itemsize) < len(stored) * row_bytes:
+            return {name: stored[rows].clone(), name + ROWS_SUFFIX: rows.to(torch.int64)}
+    return {name: stored.clone()}
 
 
 def load_delta(model_cls: type[RankingModel], directory: str | os.PathLike, **overrides) -> RankingModel:

@@ -138,6 +138,50 @@ def test_an_embedding_table_with_few_changed_rows_is_stored_row_sparse_and_loads
         assert torch.equal(expected, loaded.state_dict()[name]), name
 
 
+def test_a_table_is_stored_row_sparse_whenever_its_changed_rows_take_fewer_bytes(tmp_path, tiny_backbone):
+    model = _trained("cross-encoder", tiny_backbone)
+    table = model.state_dict()["encoder.embeddings.word_embeddings.weight"]
+    width = table.shape[1]  # 32 float16 values = 64 bytes a row; its int64 index adds 8
+    sparse_rows, whole_rows = (len(table) * 8) // 10, (len(table) * 9) // 10 + 1  # 80% of rows: 72 < 64 × 1.25
+    for moved, stored_rows in ((sparse_rows, sparse_rows), (whole_rows, len(table))):
+        with torch.no_grad():
+            table[:moved] += 0.25
+        save_delta(model, tmp_path / f"delta-{moved}")
+        from safetensors.torch import load_file
+
+        stored = load_file(str(tmp_path / f"delta-{moved}" / DELTA_WEIGHTS_NAME))
+        assert stored["encoder.embeddings.word_embeddings.weight"].shape == (stored_rows, width)
+        assert ("encoder.embeddings.word_embeddings.weight@rows" in stored) == (stored_rows < len(table))
+        expected = table.half().float()  # stored rows round to float16; the rest are the rebuild's own
+        if stored_rows < len(table):
+            expected[moved:] = table[moved:]
+        loaded = load_model("cross-encoder", tmp_path / f"delta-{moved}")
+        assert torch.equal(loaded.state_dict()["encoder.embeddings.word_embeddings.weight"], expected)
+
+
+def test_tensors_kept_frozen_over_a_float16_rebuild_are_not_stored_again(tmp_path, tiny_backbone, tokenizer):
+    """A model trained from a float16 delta's weights (a shipped cross-encoder), from the full-precision checkpoint
+    the delta was exported from, keeps the frozen tensors at values that round to the rebuild's."""
+    from transformers import BertModel
+
+    rounded = BertModel.from_pretrained(tiny_backbone)
+    with torch.no_grad():
+        for parameter in rounded.parameters():
+            parameter.copy_(parameter.half().float())
+    rounded.save_pretrained(tmp_path / "rounded")
+    tokenizer.save_pretrained(tmp_path / "rounded")
+    model = _trained("prettr", tiny_backbone, join_layer=2)  # embeddings frozen at the unrounded values
+    from safetensors.torch import load_file
+
+    save_delta(model, tmp_path / "half", backbone=str(tmp_path / "rounded"))
+    assert not any("embeddings" in name for name in load_file(str(tmp_path / "half" / DELTA_WEIGHTS_NAME)))
+    loaded = load_model("prettr", tmp_path / "half")
+    for name, expected in model.state_dict().items():
+        assert torch.equal(expected.half().float(), loaded.state_dict()[name]), name
+    save_delta(model, tmp_path / "full", dtype=torch.float32, backbone=str(tmp_path / "rounded"))
+    assert any("embeddings" in name for name in load_file(str(tmp_path / "full" / DELTA_WEIGHTS_NAME)))
+
+
 def test_a_row_sparse_table_whose_rows_do_not_fit_is_refused(tmp_path, tiny_backbone):
     model = _trained("cross-encoder", tiny_backbone)
     with torch.no_grad():
