@@ -49,8 +49,8 @@ def save_delta(model: RankingModel, directory: str | os.PathLike, dtype: torch.d
 
     ``backbone`` replaces the one the model records (the name it will be rebuilt from on load): a model trained from
     a local checkpoint ships over the name that checkpoint ships under. Every tensor that differs from that
-    rebuild at ``dtype`` is stored, so the delta loads to the model's weights over any backbone of the same shapes; the nearer
-    the backbone, the smaller the delta.
+    rebuild at ``dtype`` is stored, so the delta loads to the model's weights over any backbone of the same shapes;
+    the nearer the backbone, the smaller the delta.
 
     Returns a summary: tensors and parameters stored, of how many, and the file size.
 
