@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from tiny_models import save_tiny_bert
 
 from pyserini_mores.models import load_model
@@ -19,6 +20,18 @@ def tiny_backbone(tmp_path_factory, tokenizer):
     """A local HF BERT directory (random weights, 2 layers, 32 wide): a backbone like bert-base-uncased, but tiny."""
     path = tmp_path_factory.mktemp("backbone") / "tiny-bert"
     save_tiny_bert(path, tokenizer, layers=3, seed=1)
+    return path
+
+
+def _backbone_variant(source, tokenizer, path, change):
+    """``source``'s weights after ``change(model)``, saved with the tokenizer to ``path`` (a local backbone)."""
+    from transformers import BertModel
+
+    model = BertModel.from_pretrained(source)
+    with torch.no_grad():
+        change(model)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
     return path
 
 
@@ -40,8 +53,6 @@ def test_float32_delta_loads_back_bit_identical_without_embeddings(tmp_path, tin
     model = _trained(model_type, tiny_backbone, **config)
     summary = save_delta(model, tmp_path / "delta", dtype=torch.float32)
     assert summary["tensors"] > 0 and summary["parameters"] < summary["of_parameters"]
-    from safetensors.torch import load_file
-
     stored = load_file(str(tmp_path / "delta" / DELTA_WEIGHTS_NAME))
     assert not any("embeddings" in name for name in stored), "frozen embedding tables must not be stored"
     loaded = load_model(model_type, tmp_path / "delta")
@@ -128,8 +139,6 @@ def test_an_embedding_table_with_few_changed_rows_is_stored_row_sparse_and_loads
     with torch.no_grad():
         table[moved] += 0.25  # as training moves only the rows of the tokens it saw
     save_delta(model, tmp_path / "delta", dtype=torch.float32)
-    from safetensors.torch import load_file
-
     stored = load_file(str(tmp_path / "delta" / DELTA_WEIGHTS_NAME))
     assert stored["encoder.embeddings.word_embeddings.weight"].shape == (3, table.shape[1])
     assert stored["encoder.embeddings.word_embeddings.weight@rows"].tolist() == moved.tolist()
@@ -147,8 +156,6 @@ def test_a_table_is_stored_row_sparse_whenever_its_changed_rows_take_fewer_bytes
         with torch.no_grad():
             table[:moved] += 0.25
         save_delta(model, tmp_path / f"delta-{moved}")
-        from safetensors.torch import load_file
-
         stored = load_file(str(tmp_path / f"delta-{moved}" / DELTA_WEIGHTS_NAME))
         assert stored["encoder.embeddings.word_embeddings.weight"].shape == (stored_rows, width)
         assert ("encoder.embeddings.word_embeddings.weight@rows" in stored) == (stored_rows < len(table))
@@ -162,23 +169,19 @@ def test_a_table_is_stored_row_sparse_whenever_its_changed_rows_take_fewer_bytes
 def test_tensors_kept_frozen_over_a_float16_rebuild_are_not_stored_again(tmp_path, tiny_backbone, tokenizer):
     """A model trained from a float16 delta's weights (a shipped cross-encoder), from the full-precision checkpoint
     the delta was exported from, keeps the frozen tensors at values that round to the rebuild's."""
-    from transformers import BertModel
 
-    rounded = BertModel.from_pretrained(tiny_backbone)
-    with torch.no_grad():
-        for parameter in rounded.parameters():
+    def round_to_float16(backbone):
+        for parameter in backbone.parameters():
             parameter.copy_(parameter.half().float())
-    rounded.save_pretrained(tmp_path / "rounded")
-    tokenizer.save_pretrained(tmp_path / "rounded")
-    model = _trained("prettr", tiny_backbone, join_layer=2)  # embeddings frozen at the unrounded values
-    from safetensors.torch import load_file
 
-    save_delta(model, tmp_path / "half", backbone=str(tmp_path / "rounded"))
+    rounded = _backbone_variant(tiny_backbone, tokenizer, tmp_path / "rounded", round_to_float16)
+    model = _trained("prettr", tiny_backbone, join_layer=2)  # embeddings frozen at the unrounded values
+    save_delta(model, tmp_path / "half", backbone=str(rounded))
     assert not any("embeddings" in name for name in load_file(str(tmp_path / "half" / DELTA_WEIGHTS_NAME)))
     loaded = load_model("prettr", tmp_path / "half")
     for name, expected in model.state_dict().items():
         assert torch.equal(expected.half().float(), loaded.state_dict()[name]), name
-    save_delta(model, tmp_path / "full", dtype=torch.float32, backbone=str(tmp_path / "rounded"))
+    save_delta(model, tmp_path / "full", dtype=torch.float32, backbone=str(rounded))
     assert any("embeddings" in name for name in load_file(str(tmp_path / "full" / DELTA_WEIGHTS_NAME)))
 
 
@@ -187,8 +190,6 @@ def test_a_row_sparse_table_whose_rows_do_not_fit_is_refused(tmp_path, tiny_back
     with torch.no_grad():
         model.state_dict()["encoder.embeddings.word_embeddings.weight"][5] += 1.0
     save_delta(model, tmp_path / "delta")
-    from safetensors.torch import load_file, save_file
-
     path = tmp_path / "delta" / DELTA_WEIGHTS_NAME
     stored = load_file(str(path))
     stored["encoder.embeddings.word_embeddings.weight@rows"] = torch.tensor([10**6])
@@ -220,16 +221,12 @@ def test_a_delta_is_refused_over_a_backbone_that_changed_since(tmp_path, tiny_ba
 def further_trained_backbone(tmp_path, tiny_backbone, tokenizer):
     """The tiny backbone with its last layer trained further and its embeddings untouched, as the cross-encoder's
     second stage leaves the first stage it continued (embeddings and lower layers frozen)."""
-    from transformers import BertModel
 
-    backbone = BertModel.from_pretrained(tiny_backbone)
-    with torch.no_grad():
+    def train_last_layer(backbone):
         for parameter in backbone.encoder.layer[-1].parameters():
             parameter.add_(0.01)
-    path = tmp_path / "further-trained"
-    backbone.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+
+    return _backbone_variant(tiny_backbone, tokenizer, tmp_path / "further-trained", train_last_layer)
 
 
 def test_a_delta_stored_over_another_backbone_records_it_and_loads_to_the_trained_weights(
@@ -239,8 +236,6 @@ def test_a_delta_stored_over_another_backbone_records_it_and_loads_to_the_traine
     summary = save_delta(model, tmp_path / "delta", dtype=torch.float32, backbone=str(further_trained_backbone))
     config = json.loads((tmp_path / "delta" / "config.json").read_text())
     assert config["backbone"] == str(further_trained_backbone)
-    from safetensors.torch import load_file
-
     assert not any("embeddings" in name for name in load_file(str(tmp_path / "delta" / DELTA_WEIGHTS_NAME)))
     assert summary["parameters"] >= over_start["parameters"]
     loaded = load_model("mores", tmp_path / "delta")
