@@ -46,7 +46,8 @@ def test_dry_run_prints_every_step_in_order_and_their_arguments_parse(pipeline, 
     out = capsys.readouterr().out
     expected, scorings, mined = ["index", "bm25-test"], set(), set()
     by_name = {model.name: model for model in pipeline.MODELS}
-    for model in pipeline.MODELS:  # a starting point's sidecar is built before, every other sidecar after training
+    rows = [model for model in pipeline.MODELS if not model.full_only]  # the default schedule's
+    for model in rows:  # a starting point's sidecar is built before, every other sidecar after training
         expected += (["compressor"] if model.needs_compressor else []) + (
             [f"sidecar-{model.name}"] if model.sidecar_first else [])
         if model.teacher and (model.teacher, model.teacher_scoring) not in scorings:  # its run and triples, once
@@ -69,7 +70,7 @@ def test_dry_run_prints_every_step_in_order_and_their_arguments_parse(pipeline, 
             expected += ["negatives-bm25-{}x{}".format(*model.bm25_negatives)]
         expected += [f"train-{model.name}"]
     teachers = {teacher for teacher, _ in scorings}
-    for model in pipeline.MODELS:  # a row reading another's sidecar has none of its own
+    for model in rows:  # a row reading another's sidecar has none of its own
         expected += ([f"sidecar-{model.name}"] if model.stores and not model.sidecar_first and not model.sidecar_of
                      and model.name not in teachers else []) + [f"rerank-{model.name}-test", f"speed-{model.name}"]
     assert _steps(out) == expected + ["eval-test"]
@@ -283,8 +284,8 @@ def test_the_short_schedule_by_default_and_the_recipes_own_with_full(pipeline, d
     pipeline.main(["--data", str(data_dir), "--work", str(tmp_path / "w"), "--dry-run"])
     out = capsys.readouterr().out
     commands = _train_commands(out)
-    assert set(commands) == {model.name for model in pipeline.MODELS}
-    for model in pipeline.MODELS:  # the row's short schedule once, or none (the recipe's)
+    assert set(commands) == {model.name for model in pipeline.MODELS if not model.full_only}
+    for model in (model for model in pipeline.MODELS if not model.full_only):  # the short schedule, or the recipe's
         expected = [str(model.short_steps)] if model.short_steps else []
         assert re.findall(r"--max-steps (\d+)", commands[model.name]) == expected, model.name
         assert _schedules(out)[model.name] == (model.short_steps or _recipe_steps(model)), model.name
@@ -324,6 +325,49 @@ def test_the_short_schedule_by_default_and_the_recipes_own_with_full(pipeline, d
         pipeline.main(["--data", str(data_dir), "--work", str(tmp_path / "w"), "--dry-run", "--full",
                        "--max-steps", "7"])
     assert "not allowed with argument --full" in capsys.readouterr().err
+
+
+def test_the_shipped_mores_last_two_stages_run_only_with_full(pipeline, data_dir, tmp_path, capsys):
+    """debian-mores-2ib's sixth and seventh stages: the seventh's teacher (the second-stage cross-encoder) reranks
+    every training query, more than the default schedule's three hours allow."""
+    work, python = tmp_path / "w", sys.executable
+    pipeline.main(["--data", str(data_dir), "--work", str(work), "--dry-run"])
+    assert not {"mores-2ib-from-text-more", "mores-2ib-all-queries"} & set(_train_commands(capsys.readouterr().out))
+
+    pipeline.main(["--data", str(data_dir), "--work", str(work), "--dry-run", "--full"])
+    out = capsys.readouterr().out
+    commands, models = _train_commands(out), work / "models"
+    three_way = work / "triples.train.cross-encoder+maxsim+bm25-train6000.tsv"
+    assert (f"[train-mores-2ib-from-text-more] $ {python} -m pyserini_mores.train train --recipe "
+            f"mores-2ib-debian-from-text-more --triples {three_way} --output {models / 'mores-2ib-from-text-more'}") \
+        in out
+    assert commands["mores-2ib-from-text-more"].endswith(f"--resume --init {models / 'mores-2ib-from-text'}")
+    # the second-stage cross-encoder scores the BM25 top 16 of every training query, not a subset
+    ce_run = work / "runs" / "cross-encoder-three-way.train.trec"
+    scored = work / "triples.train.cross-encoder-three-way.tsv"
+    assert (f"[rerank-cross-encoder-three-way-train] $ {python} -m pyserini_mores.search --index {work / 'index'} "
+            f"--topics {data_dir / 'queries.train.tsv'} --reranker cross-encoder --model "
+            f"{models / 'cross-encoder-three-way'} --rerank-depth 16 --hits 16 --precision auto --output {ce_run}\n") \
+        in out
+    assert (f"[negatives-cross-encoder-three-way] $ {python} -m pyserini_mores.train mine-negatives --run {ce_run} "
+            f"--index {work / 'index'} --topics {data_dir / 'queries.train.tsv'} --qrels "
+            f"{data_dir / 'qrels.train.txt'} --negatives-per-query 8 --depth 16 --teacher-scores --output {scored}\n") \
+        in out
+    assert (f"[train-mores-2ib-all-queries] $ {python} -m pyserini_mores.train train --recipe "
+            f"mores-2ib-debian-all-queries --triples {scored} --output {models / 'mores-2ib-all-queries'}") in out
+    assert commands["mores-2ib-all-queries"].endswith(f"--resume --init {models / 'mores-2ib-from-text-more'}")
+    steps = _steps(out)
+    assert (steps.index("train-mores-2ib-from-text") < steps.index("train-mores-2ib-from-text-more")
+            < steps.index("train-mores-2ib-all-queries"))
+    assert steps.index("train-cross-encoder-three-way") < steps.index("rerank-cross-encoder-three-way-train") \
+        < steps.index("train-mores-2ib-all-queries")
+    assert "rerank-mores-2ib-all-queries-test" in steps and "sidecar-mores-2ib-all-queries" in steps
+
+    # named, they run without --full too, with what they need
+    pipeline.main(["--data", str(data_dir), "--work", str(tmp_path / "named"), "--dry-run", "--models",
+                   "mores-2ib-all-queries"])
+    assert {"cross-encoder-three-way", "mores-2ib-from-text-more", "mores-2ib-all-queries"} <= \
+        set(_train_commands(capsys.readouterr().out))
 
 
 def test_full_after_the_short_schedule_refuses_to_mix_them(pipeline, data_dir, tmp_path, capsys):
