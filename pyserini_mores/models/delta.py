@@ -70,8 +70,9 @@ def save_delta(model: RankingModel, directory: str | os.PathLike, dtype: torch.d
         if tensor.data_ptr() in seen:  # tied modules (e.g. MORES's shared layers): store each tensor once
             continue
         seen.add(tensor.data_ptr())
-        if not torch.equal(_as_stored(tensor, dtype), _as_stored(reference_state[name], dtype)):
-            changed.update(_changed_part(name, tensor.detach().cpu(), reference_state[name].cpu(), dtype))
+        stored, stored_reference = _as_stored(tensor, dtype).cpu(), _as_stored(reference_state[name], dtype).cpu()
+        if not torch.equal(stored, stored_reference):
+            changed.update(_changed_part(name, stored, stored_reference))
     tensors = sum(not name.endswith(ROWS_SUFFIX) for name in changed)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -106,13 +107,12 @@ def _as_stored(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return tensor.detach().to(dtype) if tensor.is_floating_point() else tensor.detach()
 
 
-def _changed_part(name: str, tensor: torch.Tensor, reference: torch.Tensor,
-                  dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """The stored form of a changed tensor: whole, or — for a 2-D table whose changed rows and their int64 indices
-    take fewer bytes than the whole table — those rows and indices."""
-    stored = _as_stored(tensor, dtype)
-    if tensor.dim() == 2:
-        rows = (stored != _as_stored(reference, dtype)).any(dim=1).nonzero().flatten()
+def _changed_part(name: str, stored: torch.Tensor, stored_reference: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What the delta keeps of a changed tensor, given it and its reference as stored (:func:`_as_stored`): the
+    whole, or — for a 2-D table whose changed rows and their int64 indices take fewer bytes than the whole table —
+    those rows and indices."""
+    if stored.dim() == 2:
+        rows = (stored != stored_reference).any(dim=1).nonzero().flatten()
         row_bytes = stored.shape[1] * stored.element_size()
         if len(rows) * (row_bytes + torch.int64.itemsize) < len(stored) * row_bytes:
             return {name: stored[rows].clone(), name + ROWS_SUFFIX: rows.to(torch.int64)}

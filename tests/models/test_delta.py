@@ -198,10 +198,8 @@ def test_a_row_sparse_table_whose_rows_do_not_fit_is_refused(tmp_path, tiny_back
         load_model("cross-encoder", tmp_path / "delta")
 
 
-def test_a_delta_is_refused_over_a_backbone_that_changed_since(tmp_path, tiny_backbone):
+def test_a_delta_is_refused_over_a_backbone_that_changed_since(tmp_path, tiny_backbone, tokenizer):
     import shutil
-
-    from transformers import BertModel
 
     backbone = tmp_path / "backbone"
     shutil.copytree(tiny_backbone, backbone)
@@ -209,10 +207,11 @@ def test_a_delta_is_refused_over_a_backbone_that_changed_since(tmp_path, tiny_ba
     save_delta(model, tmp_path / "delta")
     assert load_model("prettr", tmp_path / "delta").store_fingerprint() == load_model(
         "prettr", tmp_path / "delta").store_fingerprint()
-    retrained = BertModel.from_pretrained(backbone)  # the same name, other weights: e.g. a re-trained ranker
-    with torch.no_grad():
-        retrained.embeddings.word_embeddings.weight[7] += 1.0
-    retrained.save_pretrained(backbone)
+
+    def retrain(ranker):  # the same name, other weights: e.g. a re-trained ranker
+        ranker.embeddings.word_embeddings.weight[7] += 1.0
+
+    _backbone_variant(backbone, tokenizer, backbone, retrain)
     with pytest.raises(ValueError, match=r"was saved over another '.*backbone' than the one installed"):
         load_model("prettr", tmp_path / "delta")
 
