@@ -184,7 +184,8 @@ MODELS = (
           rerank_args=("--model-arg", "reuse=s1"), init_from="mores-2ib-from-text", teacher="cross-encoder",
           teacher_scoring=THREE_WAY_SCORING, full_only=True),
     # Its seventh, the shipped model: continued from text on the second-stage cross-encoder's own scores of every
-    # training query's BM25 top 16 (45 min of reranking on 2 AVX512-BF16 cores), 4.4× the three-way triples' queries.
+    # training query's BM25 top 16 (45 min of reranking in bf16 on 2 AVX512-BF16 cores), 4.4× the three-way
+    # triples' queries.
     Model("mores-2ib-all-queries", "mores", "mores-2ib-debian-all-queries", rerank_args=("--model-arg", "reuse=s1"),
           init_from="mores-2ib-from-text-more", teacher="cross-encoder-three-way",
           teacher_scoring=TeacherScoring(depth=16, negatives=8, negative_depth=16), full_only=True),
