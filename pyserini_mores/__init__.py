@@ -22,6 +22,7 @@ _EXPORTS = {
     "RerankStats": "pyserini_mores.types",
     "open_sidecar": "pyserini_mores.sidecar",
     "ensure_jvm": "pyserini_mores._jvm",
+    "jvm_signal_handlers_kept": "pyserini_mores._jvm",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

