@@ -96,7 +96,8 @@ def define_train_args(parser: argparse.ArgumentParser) -> None:
     opt.add_argument("--train-modules", choices=TRAIN_MODULES, default=S,
                      help="MORES adapt-interaction / adapt-representation: train only those modules")
     opt.add_argument("--freeze-embeddings", action=argparse.BooleanOptionalAction, default=S,
-                     help="keep the embedding tables frozen (the trained model then ships as a small delta)")
+                     help="keep the embedding tables frozen (the trained model then ships as a small delta); "
+                          "--no-freeze-embeddings trains them, TK's (frozen by default) included")
     opt.add_argument("--freeze-layers", type=int, default=S, metavar="N",
                      help="keep the first N layers of a cross-encoder (so that models built from it still load "
                           "over it), of PreTTR or of MORES's document module frozen too")

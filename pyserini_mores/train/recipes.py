@@ -13,6 +13,7 @@ Recipe file layout::
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -80,7 +81,32 @@ def merge_settings(command: str, recipe: str | None, given: dict) -> dict:
             values["model_args"] = {**values.get("model_args", {}), **value}
         else:
             values[key] = value
+    if command == "train" and "freeze_embeddings" in given:
+        _embedding_flag_reaches_the_config(values, given)
     return values
+
+
+def _embedding_flag_reaches_the_config(values: dict, given: dict) -> None:
+    """A model that keeps its embeddings frozen by a field of its own config (TK, over borrowed WordPiece
+    embeddings) takes an explicit ``--[no-]freeze-embeddings`` there too: else ``--no-freeze-embeddings`` would leave
+    them frozen without a word.
+
+    Raises:
+        ValueError: when ``--model-arg freeze_embeddings=…`` says the opposite of the flag.
+    """
+    from ..models.registry import MODEL_CLASSES, model_class
+
+    model_type = values.get("model_type")
+    if model_type not in MODEL_CLASSES:
+        return  # (an unknown or missing type is reported by the settings)
+    if "freeze_embeddings" not in {field.name for field in dataclasses.fields(model_class(model_type).config_class)}:
+        return
+    frozen = bool(given["freeze_embeddings"])
+    named = given.get("model_args", {}).get("freeze_embeddings")
+    if named is not None and bool(named) != frozen:
+        raise ValueError(f"--model-arg freeze_embeddings={named} contradicts "
+                         f"--{'' if frozen else 'no-'}freeze-embeddings")
+    values["model_args"] = {**values.get("model_args", {}), "freeze_embeddings": frozen}
 
 
 __all__ = ["RECIPES_DIR", "recipe_names", "read_recipe", "merge_settings", "COMPRESSOR_SETTINGS"]

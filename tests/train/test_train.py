@@ -630,6 +630,35 @@ def test_cli_flags_override_recipe_values():
     assert "warmup_steps" in values and values["warmup_steps"] == recipe["warmup_steps"]
 
 
+def test_the_embedding_flag_reaches_tks_own_config_and_no_other():
+    """TK freezes its borrowed embeddings by a field of its config (the tk-debian recipe sets it): an explicit
+    --[no-]freeze-embeddings must set that field too, and say so when a --model-arg contradicts it."""
+    from pyserini_mores.train.__main__ import _given
+
+    def merged(*flags):
+        args = build_parser().parse_args(["train", *flags, "--output", "o", "--triples", "t"])
+        return merge_settings("train", args.recipe, _given(args, ("command", "recipe", "resume", "quiet")))
+
+    assert read_recipe("tk-debian")["settings"]["model_args"]["freeze_embeddings"] is True
+    assert merged("--recipe", "tk-debian", "--no-freeze-embeddings")["model_args"]["freeze_embeddings"] is False
+    assert merged("--recipe", "tk-debian")["model_args"]["freeze_embeddings"] is True
+    assert merged("--model-type", "tk", "--freeze-embeddings")["model_args"] == {"freeze_embeddings": True}
+    mores = merged("--recipe", "mores-debian", "--no-freeze-embeddings")
+    assert mores["freeze_embeddings"] is False and "freeze_embeddings" not in mores["model_args"]
+    with pytest.raises(ValueError, match="--model-arg freeze_embeddings=True contradicts --no-freeze-embeddings"):
+        merged("--recipe", "tk-debian", "--no-freeze-embeddings", "--model-arg", "freeze_embeddings=true")
+
+
+def test_no_freeze_embeddings_trains_the_embeddings_of_a_tk_that_froze_them(init_dirs, triples_path, tmp_path):
+    init = init_dirs("tk", freeze_embeddings=True)
+    output = tmp_path / "tk"
+    main(["train", "--model-type", "tk", "--init", str(init), "--triples", str(triples_path), "--no-freeze-embeddings",
+          "--max-steps", "2", "--batch-size", "4", "--lr", "1e-2", "--seed", "3", "--output", str(output), "--quiet"])
+    trained, start = load_model("tk", output), load_model("tk", init)
+    assert start.config.freeze_embeddings and not trained.config.freeze_embeddings
+    assert not torch.equal(trained.embeddings.weight, start.embeddings.weight)
+
+
 @pytest.mark.parametrize("model_type", ["mores", "prettr", "cross-encoder"])
 def test_dropout_zero_makes_training_forwards_deterministic(tokenizer, model_type):
     model = _tiny_model(model_type, tokenizer).train()
