@@ -197,14 +197,17 @@ def fault_signal_actions() -> dict[int, _SigAction] | None:
     """The process's current actions for :data:`JVM_FAULT_SIGNALS` (``None`` off Linux, where this is not read)."""
     if not sys.platform.startswith("linux"):
         return None
-    libc = ctypes.CDLL(None, use_errno=True)
     actions = {}
     for signum in JVM_FAULT_SIGNALS:
-        action = _SigAction()
-        if libc.sigaction(int(signum), None, ctypes.byref(action)) != 0:
-            raise OSError(ctypes.get_errno(), f"sigaction({signum.name}) failed")
-        actions[int(signum)] = action
+        actions[int(signum)] = _SigAction()
+        _sigaction(signum, None, actions[int(signum)])
     return actions
+
+
+def _sigaction(signum: int, new: _SigAction | None, old: _SigAction | None) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)  # (the process's own libc: already loaded, so this is a lookup)
+    if libc.sigaction(int(signum), new and ctypes.byref(new), old and ctypes.byref(old)) != 0:
+        raise OSError(ctypes.get_errno(), f"sigaction({signal.Signals(signum).name}) failed")
 
 
 @contextlib.contextmanager
@@ -220,8 +223,5 @@ def jvm_signal_handlers_kept() -> Iterator[None]:
     try:
         yield
     finally:
-        if before is not None:
-            libc = ctypes.CDLL(None, use_errno=True)
-            for signum, action in before.items():
-                if libc.sigaction(signum, ctypes.byref(action), None) != 0:
-                    raise OSError(ctypes.get_errno(), f"sigaction({signal.Signals(signum).name}) failed")
+        for signum, action in (before or {}).items():
+            _sigaction(signum, action, None)
