@@ -22,7 +22,10 @@ Two families of rerankers train, each teacher before its students:
   stage);
 - MaxSim (the embedded default's reranker), then the models that start from its trained encoder (MORES 1×IB, PreTTR
   l = L−2 with and without compression: their sidecars hold its token states) or learn from its scores (those and
-  TK: it reranks the training queries, and negatives are mined from its run with its scores).
+  TK: it reranks the training queries, and negatives are mined from its run with its scores); with ``--full`` only,
+  TK also learns from the second-stage cross-encoder's scores of every training query, in the stages of the shipped
+  ``debian-tk`` (``tk-debian-all-queries``, then with its embeddings training ``tk-debian-all-queries-embeddings``,
+  then on all 15 scored negatives of each query, ``tk-debian-all-negatives``).
 
 By default every training step runs a short schedule (``Model.short_steps``) so that the whole pipeline fits about
 three hours of 2 CPU cores, without the rows marked ``full_only``; ``--full`` trains every row with its recipe's own
@@ -82,6 +85,9 @@ class TeacherScoring:
     # Then fused once more with BM25's scores of the same candidates, the same way: ``bm25_alpha`` × the teacher's
     # (or the ensemble's) + (1 − bm25_alpha) × BM25's, still in the teacher's units; None: BM25 is not part of it.
     bm25_alpha: float | None = None
+    # Names the triples of a scoring that mines the same teacher run as another scoring does, with other negatives
+    # (their file and step names end in it; the run itself is made once).
+    mining: str | None = None
 
     @property
     def topics(self) -> str:
@@ -126,6 +132,10 @@ ENSEMBLE_SCORING = TeacherScoring(depth=16, negatives=8, negative_depth=16, quer
                                   ensemble_with="maxsim", alpha=0.15)
 #: The three-way teacher of the last stages: that ensemble × 0.85 + BM25 × 0.15 (the weight chosen on dev again).
 THREE_WAY_SCORING = dataclasses.replace(ENSEMBLE_SCORING, bm25_alpha=0.85)
+#: The last stages' teacher scores: every training query's BM25 top 16, 8 scored negatives per query from all 16.
+ALL_QUERIES_SCORING = TeacherScoring(depth=16, negatives=8, negative_depth=16)
+#: The same teacher run, all 15 negatives of each query's top 16 (debian-tk's last stage)
+ALL_NEGATIVES_SCORING = dataclasses.replace(ALL_QUERIES_SCORING, negatives=15, mining="15-negatives")
 
 MODELS = (
     # The teacher and its students, the shipped models' recipes (docs/results.md). Expected step times on 2 AVX2
@@ -187,8 +197,17 @@ MODELS = (
     # training query's BM25 top 16 (45 min of reranking in bf16 on 2 AVX512-BF16 cores), 4.4× the three-way
     # triples' queries.
     Model("mores-2ib-all-queries", "mores", "mores-2ib-debian-all-queries", rerank_args=("--model-arg", "reuse=s1"),
-          init_from="mores-2ib-from-text-more", teacher="cross-encoder-three-way",
-          teacher_scoring=TeacherScoring(depth=16, negatives=8, negative_depth=16), full_only=True),
+          init_from="mores-2ib-from-text-more", teacher="cross-encoder-three-way", teacher_scoring=ALL_QUERIES_SCORING,
+          full_only=True),
+    # The shipped debian-tk's stages, listwise-distilled from the same teacher's scores: TK with its embeddings
+    # frozen (as tk-debian), then continued with them training too, then a second pass with all 15 scored negatives
+    # of each query's top 16 in one group.
+    Model("tk-all-queries", "tk", "tk-debian-all-queries", teacher="cross-encoder-three-way",
+          teacher_scoring=ALL_QUERIES_SCORING, full_only=True),
+    Model("tk-all-queries-embeddings", "tk", "tk-debian-all-queries-embeddings", init_from="tk-all-queries",
+          teacher="cross-encoder-three-way", teacher_scoring=ALL_QUERIES_SCORING, full_only=True),
+    Model("tk-all-negatives", "tk", "tk-debian-all-negatives", init_from="tk-all-queries-embeddings",
+          teacher="cross-encoder-three-way", teacher_scoring=ALL_NEGATIVES_SCORING, full_only=True),
 )
 #: BM25 candidates kept per training query, from which unscored negatives are drawn (the deepest draw is 50)
 BM25_TRAIN_HITS = 100
@@ -278,6 +297,8 @@ class Pipeline:
         pair = teacher.name if second is None else f"{teacher.name}+{second.name}"
         name = pair if scoring.bm25_alpha is None else f"{pair}+bm25"
         source = name if scoring.queries is None else f"{name}-{scoring.topics}"
+        if scoring.mining is not None:
+            source = f"{source}-{scoring.mining}"
         if (teacher.name, scoring) not in self.triples:
             if source in self.triples:  # another scoring would overwrite the same run and triples
                 raise ValueError(f"two scorings of {name}'s {scoring.topics} queries; give them other subsets")

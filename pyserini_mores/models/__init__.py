@@ -19,6 +19,7 @@ _EXPORTS = {
     "register_model": ".registry",
     "load_model": ".loading",
     "MODELS_ENTRY_POINT_GROUP": ".loading",
+    "MODELS_PACKAGE": ".loading",
     "SHIPPED_MODELS_DIR": ".loading",
     "SHIPPED_DEFAULTS": ".loading",
     "default_model": ".loading",

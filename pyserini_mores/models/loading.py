@@ -27,8 +27,12 @@ SHIPPED_MODELS_DIR = Path(__file__).resolve().parents[1] / "resources" / "models
 #: that do not fit beside the code ship in packages of their own (docs/search.md#model-packages)
 MODELS_ENTRY_POINT_GROUP = "pyserini_mores.models"
 #: the shipped checkpoint each model type loads when no model is named (all trained on debian-packages' training
-#: queries; see docs/results.md)
-SHIPPED_DEFAULTS = {"maxsim": "debian-maxsim", "cross-encoder": "debian-cross-encoder", "mores": "debian-mores-2ib"}
+#: queries; see docs/results.md), inside the package or in :data:`MODELS_PACKAGE`
+SHIPPED_DEFAULTS = {"maxsim": "debian-maxsim", "cross-encoder": "debian-cross-encoder", "mores": "debian-mores-2ib",
+                    "tk": "debian-tk"}
+#: the models package built from this repository (its directory of the same name), with the shipped models that do
+#: not fit in the package's own wheel
+MODELS_PACKAGE = "pyserini-mores-models"
 
 
 def load_model(model_type: str, name_or_path: str | os.PathLike, **overrides) -> RankingModel:
@@ -195,6 +199,6 @@ def default_model(model_type: str) -> str:
     return name if name is not None and shipped_model_path(name) is not None else DEFAULT_BACKBONE
 
 
-__all__ = ["MODELS_ENTRY_POINT_GROUP", "SHIPPED_DEFAULTS", "SHIPPED_MODELS_DIR", "BackboneCheckpoint",
+__all__ = ["MODELS_ENTRY_POINT_GROUP", "MODELS_PACKAGE", "SHIPPED_DEFAULTS", "SHIPPED_MODELS_DIR", "BackboneCheckpoint",
            "backbone_weights", "copy_ranker_head", "default_model", "load_backbone_checkpoint", "load_model",
            "shipped_model_dirs", "shipped_model_path", "shipped_models", "trained_ranker"]

@@ -17,7 +17,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..models import RankingModel, default_model, load_model, pad_documents, shipped_models
+from ..models import (
+    MODELS_PACKAGE,
+    SHIPPED_DEFAULTS,
+    RankingModel,
+    default_model,
+    load_model,
+    pad_documents,
+    shipped_models,
+)
 from ..precision import resolve_device, resolve_precision
 from ..sidecar import BatchBuffer, SidecarRowMismatchError, open_sidecar
 from ..types import Query, Text
@@ -426,7 +434,14 @@ def paced_batches(count: int, batch_size: int, deadline: float, per_candidate_ms
 
 def _default_model(model_type: str) -> str:
     name = default_model(model_type)
-    if name not in shipped_models():
+    if name in shipped_models():
+        return name
+    if model_type in SHIPPED_DEFAULTS:
+        logger.warning("the trained %s '%s' is not installed: it ships in the %s package (pip install "
+                       "./%s from the repository); loading the untrained backbone '%s', whose ranking is not "
+                       "meaningful, meanwhile", model_type, SHIPPED_DEFAULTS[model_type], MODELS_PACKAGE,
+                       MODELS_PACKAGE, name)
+    else:
         logger.warning("no trained %s ships with the package: loading the untrained backbone '%s', whose ranking "
                        "is not meaningful; name a trained checkpoint (--model)", model_type, name)
     return name

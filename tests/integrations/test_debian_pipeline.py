@@ -370,6 +370,36 @@ def test_the_shipped_mores_last_two_stages_run_only_with_full(pipeline, data_dir
         set(_train_commands(capsys.readouterr().out))
 
 
+def test_the_shipped_tk_stages_run_only_with_full_on_the_all_query_teacher(pipeline, data_dir, tmp_path, capsys):
+    """debian-tk's stages learn from the same teacher run as debian-mores-2ib's last stage (the first two from the
+    same triples, the last from all 15 negatives of each query), each from the one before it."""
+    work, python = tmp_path / "w", sys.executable
+    stages = ["tk-all-queries", "tk-all-queries-embeddings", "tk-all-negatives"]
+    pipeline.main(["--data", str(data_dir), "--work", str(work), "--dry-run"])
+    assert not set(stages) & set(_train_commands(capsys.readouterr().out))
+
+    pipeline.main(["--data", str(data_dir), "--work", str(work), "--dry-run", "--full"])
+    out = capsys.readouterr().out
+    commands, models, steps = _train_commands(out), work / "models", _steps(out)
+    scored = work / "triples.train.cross-encoder-three-way.tsv"
+    assert (f"[train-tk-all-queries] $ {python} -m pyserini_mores.train train --recipe tk-debian-all-queries "
+            f"--triples {scored} --output {models / 'tk-all-queries'}") in out
+    assert "--init" not in commands["tk-all-queries"]
+    for before, stage in zip(stages, stages[1:]):
+        assert commands[stage].endswith(f"--resume --init {models / before}")
+        assert steps.index(f"train-{before}") < steps.index(f"train-{stage}")
+    assert steps.count("negatives-cross-encoder-three-way") == 1
+    assert steps.count("rerank-cross-encoder-three-way-train") == 1  # one teacher run, mined twice
+    ce_run, all_negatives = work / "runs" / "cross-encoder-three-way.train.trec", \
+        work / "triples.train.cross-encoder-three-way-15-negatives.tsv"
+    assert (f"[negatives-cross-encoder-three-way-15-negatives] $ {python} -m pyserini_mores.train mine-negatives "
+            f"--run {ce_run} --index {work / 'index'} --topics {data_dir / 'queries.train.tsv'} --qrels "
+            f"{data_dir / 'qrels.train.txt'} --negatives-per-query 15 --depth 16 --teacher-scores --output "
+            f"{all_negatives}\n") in out
+    assert f"--recipe tk-debian-all-negatives --triples {all_negatives} " in commands["tk-all-negatives"]
+    assert f"sidecar-{stages[-1]}" in steps and f"rerank-{stages[-1]}-test" in steps
+
+
 def test_full_after_the_short_schedule_refuses_to_mix_them(pipeline, data_dir, tmp_path, capsys):
     work = tmp_path / "w"
     pipeline.main(["--data", str(data_dir), "--work", str(work), "--models", "cross-encoder", "--dry-run"])

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from importlib.metadata import EntryPoint
+from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
 
 import pytest
 
 from pyserini_mores.models import (
     MODELS_ENTRY_POINT_GROUP,
+    MODELS_PACKAGE,
     SHIPPED_DEFAULTS,
     SHIPPED_MODELS_DIR,
     default_model,
@@ -79,6 +81,34 @@ def test_a_reranker_named_without_a_model_loads_its_shipped_checkpoint(caplog):
     with caplog.at_level("WARNING", logger="pyserini_mores"):
         assert get_reranker(unshipped).model.source == "minilm"
     assert f"no trained {unshipped} ships with the package" in caplog.text
+
+
+def test_the_models_package_of_this_repository_is_installed_with_every_model_it_ships():
+    """The README's set-up installs it beside the package; its models then load by name like the package's own."""
+    in_repository = Path(__file__).resolve().parents[2] / MODELS_PACKAGE / "pyserini_mores_models" / "models"
+    names = sorted(path.name for path in in_repository.glob("*") if (path / "config.json").is_file())
+    [entry] = [entry for entry in entry_points(group=MODELS_ENTRY_POINT_GROUP)
+               if entry.module == "pyserini_mores_models"]
+    installed = Path(entry.load())
+    assert installed in shipped_model_dirs()
+    assert names and names == sorted(path.name for path in installed.glob("*") if (path / "config.json").is_file())
+    assert all(shipped_model_path(name) == installed / name for name in names)
+
+
+def test_a_shipped_default_of_a_models_package_not_installed_says_where_it_is(monkeypatch, caplog):
+    from pyserini_mores import get_reranker
+
+    [(model_type, name)] = [(model_type, name) for model_type, name in SHIPPED_DEFAULTS.items()
+                            if shipped_model_path(name).parent != SHIPPED_MODELS_DIR]
+    monkeypatch.setattr(loading, "entry_points", lambda group: [])
+    shipped_model_dirs.cache_clear()
+    try:
+        with caplog.at_level("WARNING", logger="pyserini_mores"):
+            assert get_reranker(model_type).model.source == "minilm"
+    finally:
+        shipped_model_dirs.cache_clear()
+    assert (f"the trained {model_type} '{name}' is not installed: it ships in the {MODELS_PACKAGE} package (pip "
+            f"install ./{MODELS_PACKAGE} from the repository)") in caplog.text
 
 
 def test_default_model_loads_as_a_delta_and_differs_from_the_untrained_backbone():
