@@ -7,6 +7,10 @@ from pathlib import Path
 import pytest
 
 RESOURCES = Path(__file__).parent / "resources"
+#: the models package built from this repository (what the README's set-up installs beside the package): its
+#: source directory, and the directory of the models it ships
+MODELS_PACKAGE_SOURCE = Path(__file__).resolve().parents[1] / "pyserini-mores-models"
+MODELS_PACKAGE_MODELS = MODELS_PACKAGE_SOURCE / "pyserini_mores_models" / "models"
 
 
 @pytest.fixture(scope="session")

@@ -12,13 +12,14 @@ import pytest
 
 from pyserini_mores.models import MODELS_PACKAGE, SHIPPED_MODELS_DIR
 
+from conftest import MODELS_PACKAGE_MODELS, MODELS_PACKAGE_SOURCE
+
 ROOT = Path(__file__).resolve().parents[1]
 INDEX_FILE_LIMIT_BYTES = 100 * 10**6
 #: each wheel: the directory it is built from, its package, and the directory of the models it ships
 WHEELS = {
     "pyserini-mores": (ROOT, "pyserini_mores", SHIPPED_MODELS_DIR),
-    MODELS_PACKAGE: (ROOT / MODELS_PACKAGE, "pyserini_mores_models",
-                     ROOT / MODELS_PACKAGE / "pyserini_mores_models" / "models"),
+    MODELS_PACKAGE: (MODELS_PACKAGE_SOURCE, "pyserini_mores_models", MODELS_PACKAGE_MODELS),
 }
 
 

@@ -24,6 +24,8 @@ from pyserini_mores.models import (
 )
 from pyserini_mores.search.sample import DEFAULT_MODEL, DEFAULT_RERANKER
 
+from conftest import MODELS_PACKAGE_MODELS
+
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
@@ -85,8 +87,7 @@ def test_a_reranker_named_without_a_model_loads_its_shipped_checkpoint(caplog):
 
 def test_the_models_package_of_this_repository_is_installed_with_every_model_it_ships():
     """The README's set-up installs it beside the package; its models then load by name like the package's own."""
-    in_repository = Path(__file__).resolve().parents[2] / MODELS_PACKAGE / "pyserini_mores_models" / "models"
-    names = sorted(path.name for path in in_repository.glob("*") if (path / "config.json").is_file())
+    names = sorted(path.name for path in MODELS_PACKAGE_MODELS.glob("*") if (path / "config.json").is_file())
     [entry] = [entry for entry in entry_points(group=MODELS_ENTRY_POINT_GROUP)
                if entry.module == "pyserini_mores_models"]
     installed = Path(entry.load())
