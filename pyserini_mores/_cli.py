@@ -61,12 +61,18 @@ def setup_logging(verbose: bool = False, quiet: bool = False) -> None:
     logging.getLogger("pyserini_mores").setLevel(logging.WARNING if quiet else logging.INFO)
 
 
-def run_command(prog: str, description: str | None, define_args: Callable[[argparse.ArgumentParser], None],
-                run: Callable[[argparse.Namespace], int | None], argv: list[str] | None) -> int:
-    """Build the parser from ``define_args``, set up logging (``-v``: INFO) and run, as :func:`run_parsed`."""
+def command_parser(prog: str, description: str | None,
+                   define_args: Callable[[argparse.ArgumentParser], None]) -> argparse.ArgumentParser:
+    """A command's parser, its arguments defined by ``define_args`` and its module docstring as the description."""
     parser = argparse.ArgumentParser(prog=prog, description=description,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     define_args(parser)
+    return parser
+
+
+def run_command(parser: argparse.ArgumentParser, run: Callable[[argparse.Namespace], int | None],
+                argv: list[str] | None) -> int:
+    """Set up logging (``-v``: INFO) and run, as :func:`run_parsed`."""
 
     def logged_run(args: argparse.Namespace) -> int | None:
         setup_logging(args.verbose)

@@ -43,9 +43,7 @@ or flag, or ``--full`` after the short schedule).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import io
 import json
 import random
 import re
@@ -57,6 +55,7 @@ REPOSITORY = Path(__file__).resolve().parents[2]
 if str(REPOSITORY) not in sys.path:  # run as a script: the repository root makes integrations/ importable
     sys.path.append(str(REPOSITORY))
 
+from integrations.commands import cli_parser, parse_arguments  # noqa: E402
 from integrations.steps import StepRunner  # noqa: E402
 from pyserini_mores._io import write_text_atomic  # noqa: E402
 from pyserini_mores._model_args import format_model_arg  # noqa: E402
@@ -486,34 +485,15 @@ class Pipeline:
 def check_arguments(step: str, command: list) -> None:
     """Parse ``command``'s arguments with the real command's parser (and read any recipe it names), so that a dry
     run catches a bad flag or an unknown recipe without running anything."""
-    # The CLIs' parsers, imported only by a dry run (they pull in each command's module).
-    module, args = command[2], [str(arg) for arg in command[3:]]
     if command[1] == ENSEMBLE_SCRIPT:
         from integrations.debian_packages.ensemble_teacher import build_parser
-        parser, args = build_parser(), [str(arg) for arg in command[2:]]
-    elif module == "pyserini_mores.train":
-        from pyserini_mores.train.__main__ import build_parser
-        parser = build_parser()
-    elif module == "pyserini_mores.search":
-        from pyserini_mores.search.__main__ import define_search_args
-        parser = argparse.ArgumentParser()
-        define_search_args(parser)
-    elif module == "pyserini_mores.sidecar":
-        from pyserini_mores.sidecar.__main__ import build_parser
-        parser = build_parser()
-    elif module == "pyserini_mores.eval":
-        from pyserini_mores.eval.__main__ import build_parser
-        parser = build_parser()
+        parser, args = build_parser(), command[2:]
     else:
-        from pyserini_mores.index.__main__ import build_parser
-        parser = build_parser()
-    errors = io.StringIO()
+        parser, args = cli_parser(command[2]), command[3:]
     try:
-        with contextlib.redirect_stderr(errors):
-            parsed = parser.parse_args(args)
-    except SystemExit:
-        message = errors.getvalue().strip().splitlines()[-1:] or ["(no message)"]
-        raise SystemExit(f"[{step}] the command's arguments are rejected: {message[0]}") from None
+        parsed = parse_arguments(parser, args)
+    except ValueError as error:
+        raise SystemExit(f"[{step}] the command's arguments are rejected: {error}") from None
     if getattr(parsed, "recipe", None):
         try:
             read_recipe(parsed.recipe)

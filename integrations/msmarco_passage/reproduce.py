@@ -29,9 +29,7 @@ Helpers the pipeline runs (usable alone): ``fetch-topics NAME OUTPUT``, ``fetch-
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
-import io
 import os
 import shlex
 import shutil
@@ -43,6 +41,7 @@ REPOSITORY = Path(__file__).resolve().parents[2]
 if str(REPOSITORY) not in sys.path:  # run as a script: the repository root makes integrations/ importable
     sys.path.append(str(REPOSITORY))
 
+from integrations.commands import cli_parser, parse_arguments  # noqa: E402
 from integrations.steps import StepFailed, StepRunner  # noqa: E402
 
 
@@ -406,16 +405,6 @@ def _check_arguments(commands: list[Command], report: CheckReport) -> None:
         report.ok.append(f"all {len(commands)} commands' arguments are accepted by their CLIs' own parsers")
 
 
-def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
-    stderr = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(stderr):
-            return parser.parse_args(argv)
-    except SystemExit:  # argparse has printed its message to (our) stderr
-        lines = stderr.getvalue().strip().splitlines()
-        raise ValueError(lines[-1] if lines else "rejected by argparse") from None
-
-
 def _validate(argv: list[str]) -> None:
     """Raise ``ValueError`` with the CLI's own message when the command it runs would reject ``argv``."""
     if argv[0] != "python":
@@ -424,29 +413,20 @@ def _validate(argv: list[str]) -> None:
         module, args = argv[2], argv[3:]
         if module == "pyserini_mores.train":
             _validate_train(args)
-        elif module == "pyserini_mores.search":
-            from pyserini_mores.search.__main__ import define_search_args
-
-            parser = argparse.ArgumentParser()
-            define_search_args(parser)
-            _model_args(_parse(parser, args).model_arg)
-        elif module == "pyserini_mores.sidecar":
-            from pyserini_mores.sidecar.__main__ import build_parser
-
-            _model_args(_parse(build_parser(), args).model_arg)
+            return
+        parsed = parse_arguments(cli_parser(module), args)
+        if module in ("pyserini_mores.search", "pyserini_mores.sidecar"):
+            _model_args(parsed.model_arg)
         elif module == "pyserini_mores.eval":
-            from pyserini_mores.eval.__main__ import build_parser, parse_metrics
+            from pyserini_mores.eval.__main__ import parse_metrics
 
-            parsed = _parse(build_parser(), args)
             parse_metrics(parsed.metrics)
             if not parsed.runs:
                 raise ValueError("no run files")
-        else:
-            raise ValueError(f"no parser known for module {module}")
     elif Path(argv[1]).name == "reproduce.py":
-        _parse(build_helper_parser(), argv[2:])
+        parse_arguments(build_helper_parser(), argv[2:])
     elif Path(argv[1]).name == "compare.py":
-        parsed = _parse(comparison.build_parser(), argv[2:])
+        parsed = parse_arguments(comparison.build_parser(), argv[2:])
         comparison.parse_tolerances(parsed.tolerance, 0.01)
     else:
         raise ValueError(f"no parser known for {argv[1]}")
@@ -465,7 +445,7 @@ def _validate_train(args: list[str]) -> None:
     from pyserini_mores.train.__main__ import build_parser
     from pyserini_mores.train.recipes import merge_settings
 
-    parsed = _parse(build_parser(), args)
+    parsed = parse_arguments(build_parser(), args)
     if parsed.command not in ("train", "pretrain-compressor"):
         return
     given = {key: value for key, value in vars(parsed).items()

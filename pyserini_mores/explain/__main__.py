@@ -50,9 +50,10 @@ def define_explain_args(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .._cli import run_command
+    from .._cli import command_parser, run_command
 
-    return run_command("python -m pyserini_mores.explain", __doc__, define_explain_args, run_explain, argv)
+    return run_command(command_parser("python -m pyserini_mores.explain", __doc__, define_explain_args), run_explain,
+                       argv)
 
 
 def run_explain(args: argparse.Namespace) -> int:

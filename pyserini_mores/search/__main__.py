@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .._cli import define_model_args, parse_model_args, run_command
+from .._cli import command_parser, define_model_args, parse_model_args, run_command
 from .._jvm import import_pyserini
 from ..eval.metrics import evaluate, format_metrics_table
 from ..formats import RUN_FORMATS, read_qrels, read_topics, results_to_run, write_run
@@ -95,8 +95,12 @@ def define_search_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-v", "--verbose", action="store_true")
 
 
+def build_parser() -> argparse.ArgumentParser:
+    return command_parser("python -m pyserini_mores.search", __doc__, define_search_args)
+
+
 def main(argv: list[str] | None = None) -> int:
-    return run_command("python -m pyserini_mores.search", __doc__, define_search_args, run_search, argv)
+    return run_command(build_parser(), run_search, argv)
 
 
 def run_search(args: argparse.Namespace) -> int:
