@@ -323,11 +323,22 @@ def run_fold_blocks(args: argparse.Namespace) -> None:
 
 
 def run_average(args: argparse.Namespace) -> None:
+    import shutil
+    from pathlib import Path
+
     from ..models import load_model
     from ..models.averaging import average_models
 
+    output = Path(args.output)
+    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+        raise ValueError(f"{output} exists; the average is written to a new directory: remove it or name another "
+                         "--output")
     soup = average_models([load_model(args.model_type, name) for name in args.models], args.weights)
-    soup.save_pretrained(args.output)
+    # Written beside the output and renamed into place, so that a killed command leaves no checkpoint that looks whole
+    partial = output.with_name(output.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    soup.save_pretrained(partial)
+    partial.replace(output)
     weights = args.weights or [1 / len(args.models)] * len(args.models)
     print(f"stored {' + '.join(f'{w:g} × {name}' for w, name in zip(weights, args.models))} in {args.output}")
 

@@ -93,3 +93,10 @@ def test_average_command_writes_the_soup(backbone, tmp_path, capsys):
     assert f"stored 0.3 × {tmp_path / 'a'} + 0.7 × {tmp_path / 'b'} in {tmp_path / 'soup'}" in capsys.readouterr().out
     loaded = load_model("cross-encoder", tmp_path / "soup")
     assert loaded.fingerprint() == average_models([first, second], [0.3, 0.7]).fingerprint()
+    assert not (tmp_path / "soup.partial").exists()  # written there, then renamed into place
+    before = (tmp_path / "soup" / "model.safetensors").read_bytes()
+    with pytest.raises(SystemExit, match=r"soup exists; the average is written to a new directory: remove it or name "
+                                         r"another --output"):
+        main(["average", "--model-type", "cross-encoder", "--model", str(tmp_path / "a"), "--model",
+              str(tmp_path / "b"), "--output", str(tmp_path / "soup")])
+    assert (tmp_path / "soup" / "model.safetensors").read_bytes() == before  # nothing lost

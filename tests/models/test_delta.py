@@ -236,7 +236,8 @@ def test_a_delta_stored_over_another_backbone_records_it_and_loads_to_the_traine
     config = json.loads((tmp_path / "delta" / "config.json").read_text())
     assert config["backbone"] == str(further_trained_backbone)
     assert not any("embeddings" in name for name in load_file(str(tmp_path / "delta" / DELTA_WEIGHTS_NAME)))
-    assert summary["parameters"] >= over_start["parameters"]
+    # every tensor but the embeddings moved in training, so both deltas store the same ones, over either backbone
+    assert (summary["tensors"], summary["parameters"]) == (over_start["tensors"], over_start["parameters"])
     loaded = load_model("mores", tmp_path / "delta")
     for (name, expected), actual in zip(model.state_dict().items(), loaded.state_dict().values()):
         assert torch.equal(expected, actual), name
