@@ -25,7 +25,10 @@ Two families of rerankers train, each teacher before its students:
   TK: it reranks the training queries, and negatives are mined from its run with its scores); with ``--full`` only,
   TK also learns from the second-stage cross-encoder's scores of every training query, in the stages of the shipped
   ``debian-tk`` (``tk-debian-all-queries``, then with its embeddings training ``tk-debian-all-queries-embeddings``,
-  then on all 15 scored negatives of each query, ``tk-debian-all-negatives``).
+  then on all 15 scored negatives of each query, ``tk-debian-all-negatives``), then two models continued from that one
+  (``tk-debian-all-negatives-again``, a pass more at half the learning rate, and ``tk-debian-depth-30``, on groups of
+  each query's whole BM25 top 30 scored by the cross-encoder) and averaged weight for weight into ``tk-soup``, the
+  shipped ``debian-tk``.
 
 By default every training step runs a short schedule (``Model.short_steps``) so that the whole pipeline fits about
 three hours of 2 CPU cores, without the rows marked ``full_only``; ``--full`` trains every row with its recipe's own
@@ -68,8 +71,9 @@ ENSEMBLE_SCRIPT = Path(__file__).resolve().parent / "ensemble_teacher.py"
 @dataclass(frozen=True)
 class TeacherScoring:
     """How a teacher scores a student's training triples: it reranks the BM25 top ``depth`` of the training queries
-    (all of them, or ``queries`` of them drawn at random with ``seed``), keeping every candidate's score (``--hits``
-    is the same), and ``negatives`` per query are mined from its top ``negative_depth`` with its scores."""
+    (all of them, or ``queries`` of them: drawn at random with ``seed``, or the file's first without one), keeping
+    every candidate's score (``--hits`` is the same), and ``negatives`` per query are mined from its top
+    ``negative_depth`` with its scores."""
 
     depth: int = 50
     negatives: int = 6
@@ -90,8 +94,11 @@ class TeacherScoring:
 
     @property
     def topics(self) -> str:
-        """The name of the queries it reranks: ``train``, or ``train2000`` for a subset of 2,000."""
-        return "train" if self.queries is None else f"train{self.queries}"
+        """The name of the queries it reranks: ``train``, ``train2000`` for a random subset of 2,000, or
+        ``train-first8000`` for the file's first 8,000."""
+        if self.queries is None:
+            return "train"
+        return f"train{self.queries}" if self.seed is not None else f"train-first{self.queries}"
 
 
 @dataclass(frozen=True)
@@ -100,7 +107,7 @@ class Model:
 
     name: str
     reranker: str
-    recipe: str
+    recipe: str | None  # None: an average of other rows (``average_of``), not trained
     train_args: tuple[str, ...] = ()
     rerank_args: tuple[str, ...] = ()
     needs_compressor: bool = False
@@ -122,6 +129,9 @@ class Model:
     # than the default schedule's three hours allow on 2 cores.
     full_only: bool = False
     seconds_per_step: float | None = None  # expected on 2 AVX2 cores in fp32, for the printed estimate
+    # Not trained: the equal-weight average of these rows' trained models (``train average``, a model soup of
+    # rankers continued from one start), which are made before it.
+    average_of: tuple[str, ...] = ()
 
 
 #: The ensemble teacher of the shipped debian-mores-2ib's third stage: the cross-encoder × 0.15 + MaxSim × 0.85 (the
@@ -133,8 +143,10 @@ ENSEMBLE_SCORING = TeacherScoring(depth=16, negatives=8, negative_depth=16, quer
 THREE_WAY_SCORING = dataclasses.replace(ENSEMBLE_SCORING, bm25_alpha=0.85)
 #: The last stages' teacher scores: every training query's BM25 top 16, 8 scored negatives per query from all 16.
 ALL_QUERIES_SCORING = TeacherScoring(depth=16, negatives=8, negative_depth=16)
-#: The same teacher run, all 15 negatives of each query's top 16 (debian-tk's last stage)
+#: The same teacher run, all 15 negatives of each query's top 16 (debian-tk's third stage)
 ALL_NEGATIVES_SCORING = dataclasses.replace(ALL_QUERIES_SCORING, negatives=15, mining="15-negatives")
+#: The BM25 top 30 of the first 8,000 training queries, all 29 negatives of each (one of debian-tk's last two stages)
+DEPTH_30_SCORING = TeacherScoring(depth=30, negatives=29, negative_depth=30, queries=8000)
 
 MODELS = (
     # The teacher and its students, the shipped models' recipes (docs/results.md). Expected step times on 2 AVX2
@@ -207,6 +219,11 @@ MODELS = (
           teacher="cross-encoder-three-way", teacher_scoring=ALL_QUERIES_SCORING, full_only=True),
     Model("tk-all-negatives", "tk", "tk-debian-all-negatives", init_from="tk-all-queries-embeddings",
           teacher="cross-encoder-three-way", teacher_scoring=ALL_NEGATIVES_SCORING, full_only=True),
+    Model("tk-all-negatives-again", "tk", "tk-debian-all-negatives-again", init_from="tk-all-negatives",
+          teacher="cross-encoder-three-way", teacher_scoring=ALL_NEGATIVES_SCORING, full_only=True),
+    Model("tk-depth-30", "tk", "tk-debian-depth-30", init_from="tk-all-negatives", teacher="cross-encoder-three-way",
+          teacher_scoring=DEPTH_30_SCORING, full_only=True),
+    Model("tk-soup", "tk", None, average_of=("tk-all-negatives-again", "tk-depth-30"), full_only=True),
 )
 #: BM25 candidates kept per training query, from which unscored negatives are drawn (the deepest draw is 50)
 BM25_TRAIN_HITS = 100
@@ -336,18 +353,20 @@ class Pipeline:
         return run
 
     def training_topics(self, scoring: TeacherScoring) -> Path:
-        """The training queries a teacher reranks: all of them, or ``scoring.queries`` of them drawn at random with
-        ``scoring.seed``, written to WORK before the steps that read them (not a journaled step: a pure function of
-        the training queries, rewritten only when its text would change, so the steps after it are not redone)."""
+        """The training queries a teacher reranks: all of them, or ``scoring.queries`` of them (drawn at random with
+        ``scoring.seed``, or the file's first), written to WORK before the steps that read them (not a journaled
+        step: a pure function of the training queries, rewritten only when its text would change, so the steps after
+        it are not redone)."""
         if scoring.queries is None:
             return self.data / "queries.train.tsv"
         path = self.work / f"queries.{scoring.topics}.tsv"
-        print(f"[queries-{scoring.topics}] {scoring.queries:,} training queries drawn at random (seed {scoring.seed}): "
-              f"{path}")
+        chosen = "from the top of the file" if scoring.seed is None else f"drawn at random (seed {scoring.seed})"
+        print(f"[queries-{scoring.topics}] {scoring.queries:,} training queries {chosen}: {path}")
         if not self.dry_run:
             with open(self.data / "queries.train.tsv", encoding="utf-8") as queries:
                 lines = queries.readlines()
-            random.Random(scoring.seed).shuffle(lines)
+            if scoring.seed is not None:
+                random.Random(scoring.seed).shuffle(lines)
             text = "".join(line if line.endswith("\n") else line + "\n" for line in lines[:scoring.queries])
             if not path.is_file() or path.read_text(encoding="utf-8") != text:
                 write_text_atomic(path, text)
@@ -392,6 +411,13 @@ class Pipeline:
             command += ["--init", self.model_dir(model.init_from)]
         self.run(f"train-{model.name}", command, done=output / "training_summary.json",
                  seconds_from=_summary_seconds, note=self.schedule(model))
+
+    def average(self, model: Model) -> None:
+        """``model``'s checkpoint: the equal-weight average of its ``average_of`` rows' trained models."""
+        output = self.model_dir(model.name)
+        parts = [part for name in model.average_of for part in ("--model", self.model_dir(name))]
+        self.run(f"average-{model.name}", [*PY, "pyserini_mores.train", "average", "--model-type", model.reranker,
+                                           *parts, "--output", output], done=output / "config.json")
 
     def model_args(self, model: Model) -> list:
         return ["--reranker", model.reranker, "--model", self.model_dir(model.name), *model.rerank_args]
@@ -503,9 +529,9 @@ def check_arguments(step: str, command: list) -> None:
 
 def prerequisites(model: Model) -> set[str]:
     """The rows ``model`` starts from (``init_from``), learns from (``teacher``, and the second of an ensemble
-    teacher) or reads the sidecar of (``sidecar_of``): trained before it."""
-    return {name for name in (model.init_from, model.teacher, model.teacher_scoring.ensemble_with, model.sidecar_of)
-            if name}
+    teacher), reads the sidecar of (``sidecar_of``) or averages (``average_of``): trained before it."""
+    return {name for name in (model.init_from, model.teacher, model.teacher_scoring.ensemble_with, model.sidecar_of,
+                              *model.average_of) if name}
 
 
 def with_prerequisites(models: list[Model]) -> list[Model]:
@@ -564,7 +590,10 @@ def main(argv: list[str] | None = None) -> int:
             pipeline.pretrain_compressor(model.init_from)
         if model.sidecar_first:
             pipeline.build_sidecar_of_start(model)
-        pipeline.train(model, pipeline.training_triples(model, by_name))
+        if model.average_of:
+            pipeline.average(model)
+        else:
+            pipeline.train(model, pipeline.training_triples(model, by_name))
     for model in models:
         pipeline.build_sidecar(model)
         for split in args.splits:

@@ -308,7 +308,7 @@ def test_the_short_schedule_by_default_and_the_recipes_own_with_full(pipeline, d
     commands = _train_commands(out)
     assert _steps(out)[:6] == ["index", "bm25-test", "bm25-train", "negatives-bm25-4x30", "train-cross-encoder",
                                "sidecar-mores-2ib"]  # the teacher before its students
-    for model in pipeline.MODELS:  # exactly the recipe's schedule: no override
+    for model in (model for model in pipeline.MODELS if model.recipe):  # exactly the recipe's schedule
         assert "--max-steps" not in commands[model.name], model.name
         assert _schedules(out)[model.name] == _recipe_steps(model), model.name
     assert _schedules(out)["cross-encoder"] == 6000 and _schedules(out)["mores-2ib"] == 4500  # the shipped models'
@@ -372,7 +372,8 @@ def test_the_shipped_mores_last_two_stages_run_only_with_full(pipeline, data_dir
 
 def test_the_shipped_tk_stages_run_only_with_full_on_the_all_query_teacher(pipeline, data_dir, tmp_path, capsys):
     """debian-tk's stages learn from the same teacher run as debian-mores-2ib's last stage (the first two from the
-    same triples, the last from all 15 negatives of each query), each from the one before it."""
+    same triples, the third from all 15 negatives of each query), each from the one before it; the shipped model
+    averages two models continued from the third."""
     work, python = tmp_path / "w", sys.executable
     stages = ["tk-all-queries", "tk-all-queries-embeddings", "tk-all-negatives"]
     pipeline.main(["--data", str(data_dir), "--work", str(work), "--dry-run"])
@@ -398,6 +399,30 @@ def test_the_shipped_tk_stages_run_only_with_full_on_the_all_query_teacher(pipel
             f"{all_negatives}\n") in out
     assert f"--recipe tk-debian-all-negatives --triples {all_negatives} " in commands["tk-all-negatives"]
     assert f"sidecar-{stages[-1]}" in steps and f"rerank-{stages[-1]}-test" in steps
+
+    # Then two models continued from the third stage, one more pass over the same triples and one on each query's
+    # whole BM25 top 30 (the teacher reranks the first 8,000 training queries at that depth, all 29 negatives
+    # mined), and their equal-weight average: the shipped debian-tk, searched like the other rows.
+    assert commands["tk-all-negatives-again"].endswith(f"--resume --init {models / 'tk-all-negatives'}")
+    assert f"--recipe tk-debian-all-negatives-again --triples {all_negatives} " in commands["tk-all-negatives-again"]
+    first = work / "queries.train-first8000.tsv"
+    deep_run = work / "runs" / "cross-encoder-three-way.train-first8000.trec"
+    deep = work / "triples.train.cross-encoder-three-way-train-first8000.tsv"
+    assert f"[queries-train-first8000] 8,000 training queries from the top of the file: {first}\n" in out
+    assert (f"[rerank-cross-encoder-three-way-train-first8000] $ {python} -m pyserini_mores.search --index "
+            f"{work / 'index'} --topics {first} --reranker cross-encoder --model {models / 'cross-encoder-three-way'} "
+            f"--rerank-depth 30 --hits 30 ") in out
+    assert (f"--run {deep_run} --index {work / 'index'} --topics {first} --qrels {data_dir / 'qrels.train.txt'} "
+            f"--negatives-per-query 29 --depth 30 --teacher-scores --output {deep}\n") in out
+    assert commands["tk-depth-30"].endswith(f"--resume --init {models / 'tk-all-negatives'}")
+    assert f"--recipe tk-debian-depth-30 --triples {deep} " in commands["tk-depth-30"]
+    assert "tk-soup" not in commands
+    assert (f"[average-tk-soup] $ {python} -m pyserini_mores.train average --model-type tk --model "
+            f"{models / 'tk-all-negatives-again'} --model {models / 'tk-depth-30'} --output {models / 'tk-soup'}\n") \
+        in out
+    assert steps.index("train-tk-all-negatives-again") < steps.index("average-tk-soup")
+    assert steps.index("train-tk-depth-30") < steps.index("average-tk-soup") < steps.index("sidecar-tk-soup")
+    assert "rerank-tk-soup-test" in steps
 
 
 def test_full_after_the_short_schedule_refuses_to_mix_them(pipeline, data_dir, tmp_path, capsys):
@@ -447,7 +472,8 @@ def test_missing_data_file_is_named(pipeline, data_dir, tmp_path):
         pipeline.main(["--data", str(data_dir), "--work", str(tmp_path / "w"), "--dry-run"])
 
 
-def test_the_teachers_training_queries_are_a_seeded_random_subset_written_once(pipeline, data_dir, tmp_path):
+def test_the_teachers_training_queries_are_a_seeded_random_subset_or_the_first_written_once(
+        pipeline, data_dir, tmp_path):
     lines = [f"q{number}\tquery number {number}\n" for number in range(10)]
     lines[-1] = lines[-1].rstrip("\n")  # a last line without its newline still ends one in the subset
     (data_dir / "queries.train.tsv").write_text("".join(lines))
@@ -468,3 +494,6 @@ def test_the_teachers_training_queries_are_a_seeded_random_subset_written_once(p
     made.training_topics(scoring)
     assert path.read_text() == "".join(line.rstrip("\n") + "\n" for line in expected[:4])
     assert made.training_topics(pipeline.TeacherScoring()) == data_dir / "queries.train.tsv"  # all of them
+    # Without a seed, the file's first queries in its order (the commands that made one of debian-tk's last stages)
+    first = made.training_topics(pipeline.TeacherScoring(depth=30, negatives=29, negative_depth=30, queries=4))
+    assert first == work / "queries.train-first4.tsv" and first.read_text() == "".join(lines[:4])
