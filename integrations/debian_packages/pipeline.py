@@ -412,12 +412,19 @@ class Pipeline:
         self.run(f"train-{model.name}", command, done=output / "training_summary.json",
                  seconds_from=_summary_seconds, note=self.schedule(model))
 
-    def average(self, model: Model) -> None:
-        """``model``'s checkpoint: the equal-weight average of its ``average_of`` rows' trained models."""
+    def average(self, model: Model, by_name: dict[str, Model]) -> None:
+        """``model``'s checkpoint: the equal-weight average of its ``average_of`` rows' trained models, made again
+        (over the old one) when one of them has been retrained since."""
         output = self.model_dir(model.name)
         parts = [part for name in model.average_of for part in ("--model", self.model_dir(name))]
         self.run(f"average-{model.name}", [*PY, "pyserini_mores.train", "average", "--model-type", model.reranker,
-                                           *parts, "--output", output], done=output / "config.json")
+                                           *parts, "--output", output, "--overwrite"], done=output / "config.json",
+                 inputs=[self.made_marker(by_name[name]) for name in model.average_of])
+
+    def made_marker(self, model: Model) -> Path:
+        """The file a row's training (or averaging) writes last: its checkpoint is whole once it exists."""
+        output = self.model_dir(model.name)
+        return output / ("config.json" if model.average_of else "training_summary.json")
 
     def model_args(self, model: Model) -> list:
         return ["--reranker", model.reranker, "--model", self.model_dir(model.name), *model.rerank_args]
@@ -445,7 +452,8 @@ class Pipeline:
         self.run(f"rerank-{model.name}-{split}", [
             *PY, "pyserini_mores.search", "--index", self.index, "--topics", self.data / f"queries.{split}.tsv",
             *self.model_args(model), "--rerank-depth", str(self.depth), "--hits", "1000", "--precision", PRECISION,
-            "--output", self.run_file(model.name, split)], done=self.run_file(model.name, split))  # written atomically
+            "--output", self.run_file(model.name, split)], done=self.run_file(model.name, split),  # written atomically
+            inputs=[self.made_marker(model)])
 
     def time_reranking(self, model: Model) -> None:
         """ms/query for 1000 BM25 candidates on the first test queries (the effectiveness runs use --depth)."""
@@ -591,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
         if model.sidecar_first:
             pipeline.build_sidecar_of_start(model)
         if model.average_of:
-            pipeline.average(model)
+            pipeline.average(model, by_name)
         else:
             pipeline.train(model, pipeline.training_triples(model, by_name))
     for model in models:

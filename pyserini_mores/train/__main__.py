@@ -206,6 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="a checkpoint directory or shipped model name; give two or more")
     average.add_argument("--weights", type=float, nargs="+", help="one per --model, summing to 1 (default: equal)")
     average.add_argument("--output", required=True)
+    average.add_argument("--overwrite", action="store_true",
+                         help="replace an existing --output (it stays whole until the new average is written)")
     recipes = commands.add_parser("recipes", help="list the shipped recipes, or show one")
     recipes.add_argument("name", nargs="?")
     return parser
@@ -330,15 +332,22 @@ def run_average(args: argparse.Namespace) -> None:
     from ..models.averaging import average_models
 
     output = Path(args.output)
-    if output.exists() and (not output.is_dir() or any(output.iterdir())):
-        raise ValueError(f"{output} exists; the average is written to a new directory: remove it or name another "
-                         "--output")
+    if output.exists() and not output.is_dir():
+        raise ValueError(f"{output} is a file; --output names the checkpoint directory the average is written to")
+    if not args.overwrite and output.is_dir() and any(output.iterdir()):
+        raise ValueError(f"{output} exists; the average is written to a new directory: remove it, name another "
+                         "--output or pass --overwrite")
     soup = average_models([load_model(args.model_type, name) for name in args.models], args.weights)
     # Written beside the output and renamed into place, so that a killed command leaves no checkpoint that looks whole
-    partial = output.with_name(output.name + ".partial")
+    # (and, with --overwrite, the old one whole until the new one is)
+    partial, replaced = (output.with_name(output.name + suffix) for suffix in (".partial", ".replaced"))
     shutil.rmtree(partial, ignore_errors=True)
     soup.save_pretrained(partial)
+    if output.exists():
+        shutil.rmtree(replaced, ignore_errors=True)
+        output.replace(replaced)
     partial.replace(output)
+    shutil.rmtree(replaced, ignore_errors=True)
     weights = args.weights or [1 / len(args.models)] * len(args.models)
     print(f"stored {' + '.join(f'{w:g} × {name}' for w, name in zip(weights, args.models))} in {args.output}")
 

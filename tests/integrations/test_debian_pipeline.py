@@ -418,8 +418,8 @@ def test_the_shipped_tk_stages_run_only_with_full_on_the_all_query_teacher(pipel
     assert f"--recipe tk-debian-depth-30 --triples {deep} " in commands["tk-depth-30"]
     assert "tk-soup" not in commands
     assert (f"[average-tk-soup] $ {python} -m pyserini_mores.train average --model-type tk --model "
-            f"{models / 'tk-all-negatives-again'} --model {models / 'tk-depth-30'} --output {models / 'tk-soup'}\n") \
-        in out
+            f"{models / 'tk-all-negatives-again'} --model {models / 'tk-depth-30'} --output {models / 'tk-soup'} "
+            "--overwrite\n") in out
     assert steps.index("train-tk-all-negatives-again") < steps.index("average-tk-soup")
     assert steps.index("train-tk-depth-30") < steps.index("average-tk-soup") < steps.index("sidecar-tk-soup")
     assert "rerank-tk-soup-test" in steps
@@ -497,3 +497,43 @@ def test_the_teachers_training_queries_are_a_seeded_random_subset_or_the_first_w
     # Without a seed, the file's first queries in its order (the commands that made one of debian-tk's last stages)
     first = made.training_topics(pipeline.TeacherScoring(depth=30, negatives=29, negative_depth=30, queries=4))
     assert first == work / "queries.train-first4.tsv" and first.read_text() == "".join(lines[:4])
+
+
+def test_an_average_and_its_runs_are_made_again_when_an_ingredient_is_retrained(pipeline, data_dir, tmp_path,
+                                                                                     monkeypatch, capsys):
+    import subprocess
+
+    ran = []
+    monkeypatch.setattr("integrations.steps.subprocess.run",
+                        lambda command, **options: ran.append(command) or subprocess.CompletedProcess(command, 0))
+    work = tmp_path / "w"
+    work.mkdir()
+    rows = {model.name: model for model in pipeline.MODELS}
+    soup = rows["tk-soup"]
+    made = pipeline.Pipeline(data_dir, work, [], ["test"], 100, 5, None)
+    summaries = [made.model_dir(name) / "training_summary.json" for name in soup.average_of]
+    for path in summaries:
+        path.parent.mkdir(parents=True)
+        path.write_text("{}")
+        os.utime(path, ns=(10**18, 10**18))
+    made.average(soup, rows)
+    assert len(ran) == 1 and ran[0][-3:] == ["--output", str(made.model_dir("tk-soup")), "--overwrite"]
+    averaged = made.model_dir("tk-soup") / "config.json"  # what the command would have written
+    averaged.parent.mkdir()
+    averaged.write_text("{}")
+    os.utime(averaged, ns=(2 * 10**18, 2 * 10**18))
+    made.average(soup, rows)
+    assert len(ran) == 1 and "[average-tk-soup] done" in capsys.readouterr().out
+    run = made.run_file("tk-soup", "test")
+    run.parent.mkdir()
+    run.write_text("")
+    os.utime(run, ns=(2 * 10**18, 2 * 10**18))
+    made.rerank(soup, "test")
+    assert len(ran) == 1 and "[rerank-tk-soup-test] found" in capsys.readouterr().out
+    os.utime(summaries[1], ns=(3 * 10**18, 3 * 10**18))  # the second ingredient retrained after the average
+    made.average(soup, rows)
+    assert len(ran) == 2 and f"[average-tk-soup] {summaries[1]} is newer than {averaged}: running it again" in \
+        capsys.readouterr().out
+    os.utime(averaged, ns=(4 * 10**18, 4 * 10**18))  # as the command would have rewritten it
+    made.rerank(soup, "test")  # so the run reranked by the old average is made again too
+    assert len(ran) == 3 and ran[-1][ran[-1].index("--model") + 1] == str(made.model_dir("tk-soup"))

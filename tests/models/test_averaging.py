@@ -95,8 +95,30 @@ def test_average_command_writes_the_soup(backbone, tmp_path, capsys):
     assert loaded.fingerprint() == average_models([first, second], [0.3, 0.7]).fingerprint()
     assert not (tmp_path / "soup.partial").exists()  # written there, then renamed into place
     before = (tmp_path / "soup" / "model.safetensors").read_bytes()
-    with pytest.raises(SystemExit, match=r"soup exists; the average is written to a new directory: remove it or name "
-                                         r"another --output"):
+    with pytest.raises(SystemExit, match=r"soup exists; the average is written to a new directory: remove it, name "
+                                         r"another --output or pass --overwrite"):
         main(["average", "--model-type", "cross-encoder", "--model", str(tmp_path / "a"), "--model",
               str(tmp_path / "b"), "--output", str(tmp_path / "soup")])
     assert (tmp_path / "soup" / "model.safetensors").read_bytes() == before  # nothing lost
+    (tmp_path / "file").write_text("not a checkpoint")
+    with pytest.raises(SystemExit, match=r"file is a file; --output names the checkpoint directory the average is "
+                                         r"written to"):
+        main(["average", "--model-type", "cross-encoder", "--model", str(tmp_path / "a"), "--model",
+              str(tmp_path / "b"), "--output", str(tmp_path / "file"), "--overwrite"])
+    assert (tmp_path / "file").read_text() == "not a checkpoint"
+
+
+def test_average_command_overwrites_only_when_asked(backbone, tmp_path):
+    """--overwrite (the reproduction pipeline re-averaging a retrained ingredient) replaces the whole directory."""
+    from pyserini_mores.train.__main__ import main
+
+    first, second = _fine_tuned(backbone, 1), _fine_tuned(backbone, 2)
+    first.save_pretrained(tmp_path / "a")
+    second.save_pretrained(tmp_path / "b")
+    first.save_pretrained(tmp_path / "soup")
+    (tmp_path / "soup" / "stale.txt").write_text("left by the old checkpoint")
+    assert main(["average", "--model-type", "cross-encoder", "--model", str(tmp_path / "a"), "--model",
+                 str(tmp_path / "b"), "--output", str(tmp_path / "soup"), "--overwrite"]) == 0
+    assert load_model("cross-encoder", tmp_path / "soup").fingerprint() == average_models([first, second]).fingerprint()
+    assert not (tmp_path / "soup" / "stale.txt").exists()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["a", "b", "soup"]  # no .partial or .replaced left
