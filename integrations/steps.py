@@ -9,7 +9,8 @@ so a kill never leaves it half-written.
 
 Outputs made before a pipeline kept a journal are adopted: a step that declares ``outputs`` is recorded as done when
 they all exist (and none is older than the step's ``inputs``). A journaled step whose outputs have become older
-than one of its inputs (a model retrained, a run rewritten) runs again.
+than one of its inputs (a model retrained, a run rewritten) runs again; one that declares inputs but no outputs (a
+sidecar build, whose directory the pipeline does not name) runs again when an input is newer than the step's finish.
 
 Both ``integrations/debian_packages/pipeline.py`` and ``integrations/msmarco_passage/reproduce.py`` run their
 commands through :class:`StepRunner`.
@@ -25,6 +26,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pyserini_mores._io import write_json_atomic
+
+FINISHED_FORMAT = "%Y-%m-%d %H:%M:%S"  # the journal's finish times, local time
 
 
 class StepFailed(SystemExit):
@@ -73,7 +76,7 @@ class StepRunner:
     def finished(self, step: str, outputs: Sequence[Path] = (), inputs: Sequence[Path] = ()) -> bool:
         """Whether :meth:`run` would skip ``step`` (ignoring ``always``)."""
         if step in self.journal:
-            return stale_reason(outputs, inputs) is None
+            return self._stale_reason(step, outputs, inputs) is None
         return self._made_before_journal(outputs, inputs)
 
     # ---- running ---------------------------------------------------------------------------------------------------
@@ -87,7 +90,8 @@ class StepRunner:
             display: the command as printed and journaled (default: ``command`` shell-quoted).
             outputs: files the command writes (its last one last): existing before the journal knew the step, they
                 mark it done (``seconds_from(outputs[-1])`` gives its seconds, when given).
-            inputs: files the command reads: a journaled step whose outputs are older than one of them runs again.
+            inputs: files the command reads: a journaled step whose outputs (without outputs: whose finish) are
+                older than one of them runs again.
             always: run it even when journaled (a cheap step whose result depends on everything before).
             note: printed before the command when it runs (what the step is expected to cost, say).
 
@@ -97,7 +101,7 @@ class StepRunner:
         """
         shown = display if display is not None else shlex.join(map(str, command))
         if step in self.journal and not always:
-            stale = stale_reason(outputs, inputs)
+            stale = self._stale_reason(step, outputs, inputs)
             if stale is None:
                 self._check_same_command(step, shown)
                 print(f"[{step}] done ({self.journal[step].get('seconds') or 0:.0f} s), skipped")
@@ -134,11 +138,25 @@ class StepRunner:
 
     def record(self, step: str, seconds: float, command: str | None, **extra) -> None:
         """Journal ``step`` as finished; the journal file is replaced whole or not at all."""
-        self.journal[step] = {"seconds": round(seconds, 1), "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+        self.journal[step] = {"seconds": round(seconds, 1), "finished": time.strftime(FINISHED_FORMAT),
                               "command": command, **extra}
         write_json_atomic(self.path, self.journal)
 
     # ---- helpers ---------------------------------------------------------------------------------------------------
+    def _stale_reason(self, step: str, outputs: Sequence[Path], inputs: Sequence[Path]) -> str | None:
+        """Why journaled ``step`` is out of date: by its outputs' age, or without outputs by its journaled finish."""
+        if outputs:
+            return stale_reason(outputs, inputs)
+        finished = self.journal[step].get("finished")
+        if not finished or not inputs:
+            return None
+        # the journal keeps whole seconds: an input written in the second the step finished is not taken as newer
+        finish = time.mktime(time.strptime(finished, FINISHED_FORMAT)) + 1
+        for path in inputs:
+            if Path(path).exists() and Path(path).stat().st_mtime > finish:
+                return f"{path} is newer than the step (finished {finished})"
+        return None
+
     def _check_same_command(self, step: str, command: str) -> None:
         recorded = self.journal[step].get("command")
         if recorded is not None and recorded != command:

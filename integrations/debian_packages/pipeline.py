@@ -38,7 +38,9 @@ Every step is one of the package's commands, printed before it runs, so any of t
 (``WORK/pipeline.json``, kept by ``integrations/steps.py``) records each finished step with its time and command; a
 re-run skips finished steps (training and sidecar builds also resume from inside an interrupted step), so a killed
 pipeline continues where it stopped, and refuses to skip one whose command has changed since (an edited recipe row
-or flag, or ``--full`` after the short schedule).
+or flag, or ``--full`` after the short schedule). A model made again after its sidecar and runs (an averaged row
+whose ingredient was retrained, which is averaged again too) gets them made again; a retrained teacher does not
+redo its students: move their models aside.
 
     python integrations/debian_packages/pipeline.py --data ../shared/data/debian-packages --work runs/debian
     python integrations/debian_packages/pipeline.py ... --models mores-2ib --full --dry-run
@@ -432,7 +434,8 @@ class Pipeline:
     def build_sidecar(self, model: Model) -> None:
         if model.stores and not model.sidecar_first and not model.sidecar_of:
             self.run(f"sidecar-{model.name}", [*PY, "pyserini_mores.sidecar", "build", "--index", self.index,
-                                               *self.model_args(model), "--precision", PRECISION])
+                                               *self.model_args(model), "--precision", PRECISION],
+                     inputs=[self.made_marker(model)])  # a remade model has other vectors (and another sidecar)
 
     def build_sidecar_of_start(self, model: Model) -> None:
         """The sidecar a ``sidecar_first`` row trains against: its starting model with the recipe's model arguments

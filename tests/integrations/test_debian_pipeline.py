@@ -499,7 +499,7 @@ def test_the_teachers_training_queries_are_a_seeded_random_subset_or_the_first_w
     assert first == work / "queries.train-first4.tsv" and first.read_text() == "".join(lines[:4])
 
 
-def test_an_average_and_its_runs_are_made_again_when_an_ingredient_is_retrained(pipeline, data_dir, tmp_path,
+def test_an_average_its_sidecar_and_runs_are_made_again_when_an_ingredient_is_retrained(pipeline, data_dir, tmp_path,
                                                                                      monkeypatch, capsys):
     import subprocess
 
@@ -537,3 +537,6 @@ def test_an_average_and_its_runs_are_made_again_when_an_ingredient_is_retrained(
     os.utime(averaged, ns=(4 * 10**18, 4 * 10**18))  # as the command would have rewritten it
     made.rerank(soup, "test")  # so the run reranked by the old average is made again too
     assert len(ran) == 3 and ran[-1][ran[-1].index("--model") + 1] == str(made.model_dir("tk-soup"))
+    made.steps.record("sidecar-tk-soup", 60.0, None)  # built from the old average, now: the new one needs its own
+    made.build_sidecar(soup)
+    assert len(ran) == 4 and ran[-1][2:4] == ["pyserini_mores.sidecar", "build"]

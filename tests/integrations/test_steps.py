@@ -7,6 +7,7 @@ import os
 import re
 import shlex
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -118,3 +119,21 @@ def test_outputs_made_before_the_journal_are_adopted_and_stale_ones_made_again(t
     runner.run("eval", _touch(output), outputs=[output], inputs=[source])
     assert f"[eval] {source} is newer than {output}: running it again" in capsys.readouterr().out
     assert output.read_text() == "{}\nran\n"
+
+
+def test_a_step_without_outputs_runs_again_when_an_input_changes_after_it_finished(tmp_path, capsys):
+    journal, model, marker = tmp_path / "pipeline.json", tmp_path / "config.json", tmp_path / "marker"
+    model.write_text("{}\n")
+    os.utime(model, (1_000, 1_000))
+    runner = StepRunner(journal)
+    runner.run("sidecar", _touch(marker), inputs=[model])
+    runner.run("sidecar", _touch(marker), inputs=[model])
+    assert marker.read_text() == "ran\n" and "[sidecar] done" in capsys.readouterr().out
+    finished = runner.journal["sidecar"]["finished"]
+    later = time.mktime(time.strptime(finished, "%Y-%m-%d %H:%M:%S")) + 5
+    os.utime(model, (later, later))  # the model retrained after its sidecar was built
+    assert not StepRunner(journal).finished("sidecar", inputs=[model])
+    StepRunner(journal).run("sidecar", _touch(marker), inputs=[model])
+    assert marker.read_text() == "ran\nran\n"
+    assert f"[sidecar] {model} is newer than the step (finished {finished}): running it again" in \
+        capsys.readouterr().out
