@@ -40,7 +40,7 @@ re-run skips finished steps (training and sidecar builds also resume from inside
 pipeline continues where it stopped, and refuses to skip one whose command has changed since (an edited recipe row
 or flag, or ``--full`` after the short schedule). A model made again after its sidecar and runs (an averaged row
 whose ingredient was retrained, which is averaged again too) gets them made again; a retrained teacher does not
-redo its students: move their models aside.
+redo the runs, triples and students made from it (delete their steps from the journal to redo them).
 
     python integrations/debian_packages/pipeline.py --data ../shared/data/debian-packages --work runs/debian
     python integrations/debian_packages/pipeline.py ... --models mores-2ib --full --dry-run
