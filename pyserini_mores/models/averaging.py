@@ -20,7 +20,8 @@ WEIGHT_SUM_TOLERANCE = 1e-6
 
 def average_models(models: list[RankingModel], weights: list[float] | None = None) -> RankingModel:
     """A new model whose every floating-point tensor is ``sum(w_i × tensor_i)`` over ``models`` (equal weights by
-    default); the first model's config, tokenizer and non-float buffers.
+    default), a tensor equal in all of them that tensor itself; the first model's config, tokenizer and non-float
+    buffers.
 
     Raises:
         ValueError: fewer than two models; a weight count other than the models'; a weight ≤ 0 or weights not summing
@@ -52,6 +53,11 @@ def average_models(models: list[RankingModel], weights: list[float] | None = Non
         if not tensor.is_floating_point():  # ids and masks: must agree, averaging them means nothing
             if not all(torch.equal(tensor, other) for other in others):
                 raise ValueError(f"buffer {name} differs between the models")
+            averaged[name] = tensor
+            continue
+        if all(torch.equal(tensor, other) for other in others):
+            # kept bit for bit, not recomputed: a sum of weighted copies can round or turn -0.0 into 0.0, and a part
+            # the models share frozen (MORES's document module, read from one sidecar) must keep its fingerprint
             averaged[name] = tensor
             continue
         total = sum(w * state[name].double() for w, state in zip(weights, states))

@@ -54,6 +54,21 @@ def test_equal_weights_by_default_and_a_model_averaged_with_itself_is_itself(bac
     assert torch.equal(itself.score_texts(QUERY, DOCUMENTS), first.score_texts(QUERY, DOCUMENTS))
 
 
+def test_a_tensor_the_models_share_is_kept_bit_for_bit(backbone):
+    """A part trained frozen (MORES's document module against its sidecar) must keep its store fingerprint: a
+    weighted sum of equal copies turns -0.0 into 0.0 (the shipped MORES's word embeddings hold some)."""
+    first, second = _fine_tuned(backbone, 1), _fine_tuned(backbone, 2)
+    name = "encoder.embeddings.word_embeddings.weight"
+    shared = first.state_dict()[name].clone()
+    shared[:, 0] = -0.0
+    for model in (first, second):
+        model.load_state_dict({name: shared}, strict=False)
+    for soup in (average_models([first, second]), average_models([first, second, first])):
+        kept = soup.state_dict()[name]
+        assert torch.equal(kept.view(torch.int32), shared.view(torch.int32))
+        assert not torch.equal(soup.state_dict()["head.weight"], first.state_dict()["head.weight"])  # the others mixed
+
+
 def test_the_models_are_left_as_they_were(backbone):
     first, second = _fine_tuned(backbone, 1), _fine_tuned(backbone, 2)
     before = first.fingerprint(), second.fingerprint()
