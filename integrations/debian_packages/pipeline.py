@@ -28,7 +28,9 @@ Two families of rerankers train, each teacher before its students:
   then on all 15 scored negatives of each query, ``tk-debian-all-negatives``), then two models continued from that one
   (``tk-debian-all-negatives-again``, a pass more at half the learning rate, and ``tk-debian-depth-30``, on groups of
   each query's whole BM25 top 30 scored by the cross-encoder) and averaged weight for weight into ``tk-soup``, the
-  shipped ``debian-tk``.
+  shipped ``debian-tk``; and MORES 1×IB folded from the shipped 2×IB's row (``train fold-blocks``), trained against
+  that row's sidecar on the same depth-30 groups (``mores-1ib-debian-depth-30``, then for more queries
+  ``mores-1ib-debian-depth-30-more``: the shipped ``debian-mores-1ib``).
 
 By default every training step runs a short schedule (``Model.short_steps``) so that the whole pipeline fits about
 three hours of 2 CPU cores, without the rows marked ``full_only``; ``--full`` trains every row with its recipe's own
@@ -134,6 +136,9 @@ class Model:
     # Not trained: the equal-weight average of these rows' trained models (``train average``, a model soup of
     # rankers continued from one start), which are made before it.
     average_of: tuple[str, ...] = ()
+    # Started from this (MORES) row's trained model with its interaction blocks folded down to the recipe's
+    # ``n_interaction_blocks`` (``train fold-blocks``), reading that row's sidecar (``sidecar_of`` names it too).
+    fold_of: str | None = None
 
 
 #: The ensemble teacher of the shipped debian-mores-2ib's third stage: the cross-encoder × 0.15 + MaxSim × 0.85 (the
@@ -147,8 +152,11 @@ THREE_WAY_SCORING = dataclasses.replace(ENSEMBLE_SCORING, bm25_alpha=0.85)
 ALL_QUERIES_SCORING = TeacherScoring(depth=16, negatives=8, negative_depth=16)
 #: The same teacher run, all 15 negatives of each query's top 16 (debian-tk's third stage)
 ALL_NEGATIVES_SCORING = dataclasses.replace(ALL_QUERIES_SCORING, negatives=15, mining="15-negatives")
-#: The BM25 top 30 of the first 8,000 training queries, all 29 negatives of each (one of debian-tk's last two stages)
+#: The BM25 top 30 of the first 8,000 training queries, all 29 negatives of each (one of debian-tk's last two stages,
+#: and debian-mores-1ib's first)
 DEPTH_30_SCORING = TeacherScoring(depth=30, negatives=29, negative_depth=30, queries=8000)
+#: The same for the first 14,000 (debian-mores-1ib's second stage)
+DEPTH_30_MORE_SCORING = dataclasses.replace(DEPTH_30_SCORING, queries=14000)
 
 MODELS = (
     # The teacher and its students, the shipped models' recipes (docs/results.md). Expected step times on 2 AVX2
@@ -226,6 +234,15 @@ MODELS = (
     Model("tk-depth-30", "tk", "tk-debian-depth-30", init_from="tk-all-negatives", teacher="cross-encoder-three-way",
           teacher_scoring=DEPTH_30_SCORING, full_only=True),
     Model("tk-soup", "tk", None, average_of=("tk-all-negatives-again", "tk-depth-30"), full_only=True),
+    # The shipped debian-mores-1ib: the shipped 2×IB's row folded to one interaction block, then listwise-distilled
+    # against that row's sidecar on the same cross-encoder's scores of each query's whole BM25 top 30, first for the
+    # first 8,000 training queries, then for the first 14,000.
+    Model("mores-1ib-depth-30", "mores", "mores-1ib-debian-depth-30", rerank_args=("--model-arg", "reuse=s1"),
+          fold_of="mores-2ib-all-queries", sidecar_of="mores-2ib-all-queries", teacher="cross-encoder-three-way",
+          teacher_scoring=DEPTH_30_SCORING, full_only=True),
+    Model("mores-1ib-depth-30-more", "mores", "mores-1ib-debian-depth-30-more",
+          rerank_args=("--model-arg", "reuse=s1"), init_from="mores-1ib-depth-30", sidecar_of="mores-2ib-all-queries",
+          teacher="cross-encoder-three-way", teacher_scoring=DEPTH_30_MORE_SCORING, full_only=True),
 )
 #: BM25 candidates kept per training query, from which unscored negatives are drawn (the deepest draw is 50)
 BM25_TRAIN_HITS = 100
@@ -409,10 +426,21 @@ class Pipeline:
                    *(["--max-steps", str(max_steps)] if max_steps else []), "--resume"]
         if model.needs_compressor:
             command += ["--init", self.model_dir("prettr-compressor")]
+        elif model.fold_of:
+            command += ["--init", self.folded_start(model)]
         elif model.init_from:
             command += ["--init", self.model_dir(model.init_from)]
         self.run(f"train-{model.name}", command, done=output / "training_summary.json",
                  seconds_from=_summary_seconds, note=self.schedule(model))
+
+    def folded_start(self, model: Model) -> Path:
+        """``model``'s starting point: its ``fold_of`` row's trained model with the recipe's interaction blocks."""
+        output = self.work / "models" / f"{model.name}-start"
+        blocks = read_recipe(model.recipe)["settings"]["model_args"]["n_interaction_blocks"]
+        self.run(f"fold-{model.name}", [*PY, "pyserini_mores.train", "fold-blocks", "--model",
+                                        self.model_dir(model.fold_of), "--blocks", str(blocks), "--output", output],
+                 done=output / "config.json")
+        return output
 
     def average(self, model: Model, by_name: dict[str, Model]) -> None:
         """``model``'s checkpoint: the equal-weight average of its ``average_of`` rows' trained models, made again
@@ -540,9 +568,10 @@ def check_arguments(step: str, command: list) -> None:
 
 def prerequisites(model: Model) -> set[str]:
     """The rows ``model`` starts from (``init_from``), learns from (``teacher``, and the second of an ensemble
-    teacher), reads the sidecar of (``sidecar_of``) or averages (``average_of``): trained before it."""
+    teacher), reads the sidecar of (``sidecar_of``), folds (``fold_of``) or averages (``average_of``): trained before
+    it."""
     return {name for name in (model.init_from, model.teacher, model.teacher_scoring.ensemble_with, model.sidecar_of,
-                              *model.average_of) if name}
+                              model.fold_of, *model.average_of) if name}
 
 
 def with_prerequisites(models: list[Model]) -> list[Model]:
@@ -601,6 +630,8 @@ def main(argv: list[str] | None = None) -> int:
             pipeline.pretrain_compressor(model.init_from)
         if model.sidecar_first:
             pipeline.build_sidecar_of_start(model)
+        if model.sidecar_of:  # built after training, unless it is a starting point's (sidecar_first: built above)
+            pipeline.build_sidecar(by_name[model.sidecar_of])
         if model.average_of:
             pipeline.average(model, by_name)
         else:

@@ -540,3 +540,32 @@ def test_an_average_its_sidecar_and_runs_are_made_again_when_an_ingredient_is_re
     made.steps.record("sidecar-tk-soup", 60.0, None)  # built from the old average, now: the new one needs its own
     made.build_sidecar(soup)
     assert len(ran) == 4 and ran[-1][2:4] == ["pyserini_mores.sidecar", "build"]
+
+
+def test_the_shipped_mores_1ib_is_folded_from_the_shipped_2ib_and_reads_its_sidecar(pipeline, data_dir, tmp_path,
+                                                                                     capsys):
+    work, python = tmp_path / "w", sys.executable
+    pipeline.main(["--data", str(data_dir), "--work", str(work), "--dry-run"])
+    assert not {"mores-1ib-depth-30", "mores-1ib-depth-30-more"} & set(_train_commands(capsys.readouterr().out))
+
+    pipeline.main(["--data", str(data_dir), "--work", str(work), "--dry-run", "--models", "mores-1ib-depth-30-more"])
+    out = capsys.readouterr().out
+    commands, models, steps = _train_commands(out), work / "models", _steps(out)
+    start = models / "mores-1ib-depth-30-start"
+    assert (f"[fold-mores-1ib-depth-30] $ {python} -m pyserini_mores.train fold-blocks --model "
+            f"{models / 'mores-2ib-all-queries'} --blocks 1 --output {start}\n") in out
+    # the 2×IB's sidecar, built from its trained model before the 1×IB trains against it (and not built again)
+    assert steps.index("train-mores-2ib-all-queries") < steps.index("sidecar-mores-2ib-all-queries") \
+        < steps.index("train-mores-1ib-depth-30")
+    assert steps.count("sidecar-mores-2ib-all-queries") == 1
+    assert not {"sidecar-mores-1ib-depth-30", "sidecar-mores-1ib-depth-30-more"} & set(steps)
+    first8000 = work / "triples.train.cross-encoder-three-way-train-first8000.tsv"
+    first14000 = work / "triples.train.cross-encoder-three-way-train-first14000.tsv"
+    assert f"--recipe mores-1ib-debian-depth-30 --triples {first8000} " in commands["mores-1ib-depth-30"]
+    assert commands["mores-1ib-depth-30"].endswith(f"--resume --init {start}")
+    assert f"--recipe mores-1ib-debian-depth-30-more --triples {first14000} " in commands["mores-1ib-depth-30-more"]
+    assert commands["mores-1ib-depth-30-more"].endswith(f"--resume --init {models / 'mores-1ib-depth-30'}")
+    assert "[queries-train-first14000] 14,000 training queries from the top of the file" in out
+    assert (f"[rerank-mores-1ib-depth-30-more-test] $ {python} -m pyserini_mores.search --index {work / 'index'} "
+            f"--topics {data_dir / 'queries.test.tsv'} --reranker mores --model {models / 'mores-1ib-depth-30-more'} "
+            "--model-arg reuse=s1 ") in out

@@ -209,3 +209,12 @@ def test_a_broken_models_package_is_skipped_with_a_warning_that_names_it(models_
         assert shipped_model_path("other-model") == directory / "other-model"
     assert f"models package 'test-0' ({value}) " in caplog.text and says in caplog.text
     assert shipped_model_path(DEFAULT_MODEL) == SHIPPED_MODELS_DIR / DEFAULT_MODEL
+
+
+def test_the_shipped_mores_1ib_reads_the_shipped_2ibs_sidecar():
+    """debian-mores-1ib was folded from debian-mores-2ib and trained against its sidecar: one S1 sidecar serves both
+    (docs/results.md), so their document modules must be the same to the bit."""
+    one, two = load_model("mores", "debian-mores-1ib"), load_model("mores", "debian-mores-2ib")
+    assert (one.config.n_interaction_blocks, two.config.n_interaction_blocks) == (1, 2)
+    assert one.store_fingerprint() == two.store_fingerprint()
+    assert one.fingerprint() != two.fingerprint()
