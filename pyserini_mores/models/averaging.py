@@ -56,8 +56,8 @@ def average_models(models: list[RankingModel], weights: list[float] | None = Non
             averaged[name] = tensor
             continue
         if all(torch.equal(tensor, other) for other in others):
-            # kept bit for bit, not recomputed: a sum of weighted copies can round or turn -0.0 into 0.0, and a part
-            # the models share frozen (MORES's document module, read from one sidecar) must keep its fingerprint
+            # kept bit for bit, not recomputed: a sum of weighted copies turns -0.0 into 0.0, and a part the models
+            # share frozen (MORES's document module, read from one sidecar) must keep its fingerprint
             averaged[name] = tensor
             continue
         total = sum(w * state[name].double() for w, state in zip(weights, states))
