@@ -430,12 +430,12 @@ class Pipeline:
             command += ["--init", self.folded_start(model)]
         elif model.init_from:
             command += ["--init", self.model_dir(model.init_from)]
-        self.run(f"train-{model.name}", command, done=output / "training_summary.json",
+        self.run(f"train-{model.name}", command, done=self.made_marker(model),
                  seconds_from=_summary_seconds, note=self.schedule(model))
 
     def folded_start(self, model: Model) -> Path:
         """``model``'s starting point: its ``fold_of`` row's trained model with the recipe's interaction blocks."""
-        output = self.work / "models" / f"{model.name}-start"
+        output = self.model_dir(f"{model.name}-start")
         blocks = read_recipe(model.recipe)["settings"]["model_args"]["n_interaction_blocks"]
         self.run(f"fold-{model.name}", [*PY, "pyserini_mores.train", "fold-blocks", "--model",
                                         self.model_dir(model.fold_of), "--blocks", str(blocks), "--output", output],
@@ -448,7 +448,7 @@ class Pipeline:
         output = self.model_dir(model.name)
         parts = [part for name in model.average_of for part in ("--model", self.model_dir(name))]
         self.run(f"average-{model.name}", [*PY, "pyserini_mores.train", "average", "--model-type", model.reranker,
-                                           *parts, "--output", output, "--overwrite"], done=output / "config.json",
+                                           *parts, "--output", output, "--overwrite"], done=self.made_marker(model),
                  inputs=[self.made_marker(by_name[name]) for name in model.average_of])
 
     def made_marker(self, model: Model) -> Path:
