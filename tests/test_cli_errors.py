@@ -110,7 +110,8 @@ def test_run_returning_none_is_success_and_system_exit_passes_through():
     ("sidecar", []), ("sidecar", ["info"]), ("sidecar", ["verify"]), ("sidecar", ["build"]),
     ("sidecar", ["assemble"]), ("sidecar", ["transcode"]),
     ("train", []), ("train", ["mine-negatives"]), ("train", ["train"]), ("train", ["pretrain-compressor"]),
-    ("train", ["export-delta"]), ("train", ["fold-blocks"]), ("train", ["average"]), ("train", ["recipes"]),
+    ("train", ["export-delta"]), ("train", ["fold-blocks"]), ("train", ["widen-ffn"]), ("train", ["average"]),
+    ("train", ["recipes"]),
 ])
 def test_every_command_has_a_verbose_flag(module, argv, capsys):
     main = importlib.import_module(f"pyserini_mores.{module}.__main__").main

@@ -27,10 +27,12 @@ Two families of rerankers train, each teacher before its students:
   ``debian-tk`` (``tk-debian-all-queries``, then with its embeddings training ``tk-debian-all-queries-embeddings``,
   then on all 15 scored negatives of each query, ``tk-debian-all-negatives``), then two models continued from that one
   (``tk-debian-all-negatives-again``, a pass more at half the learning rate, and ``tk-debian-depth-30``, on groups of
-  each query's whole BM25 top 30 scored by the cross-encoder) and averaged weight for weight into ``tk-soup``, the
-  shipped ``debian-tk``; and MORES 1×IB folded from the shipped 2×IB's row (``train fold-blocks``), trained against
-  that row's sidecar on the same depth-30 groups (``mores-1ib-debian-depth-30``, then for more queries
-  ``mores-1ib-debian-depth-30-more``: the shipped ``debian-mores-1ib``).
+  each query's whole BM25 top 30 scored by the cross-encoder) and averaged weight for weight into ``tk-soup``, whose
+  feed-forward blocks are then widened four times (``train widen-ffn``) and trained on the depth-30 groups of the
+  next 6,000 training queries (``tk-debian-depth-30-wide``: the shipped ``debian-tk``); and MORES 1×IB folded from
+  the shipped 2×IB's row (``train fold-blocks``), trained against that row's sidecar on the same depth-30 groups
+  (``mores-1ib-debian-depth-30``, then for more queries ``mores-1ib-debian-depth-30-more``: the shipped
+  ``debian-mores-1ib``).
 
 By default every training step runs a short schedule (``Model.short_steps``) so that the whole pipeline fits about
 three hours of 2 CPU cores, without the rows marked ``full_only``; ``--full`` trains every row with its recipe's own
@@ -75,7 +77,8 @@ ENSEMBLE_SCRIPT = Path(__file__).resolve().parent / "ensemble_teacher.py"
 @dataclass(frozen=True)
 class TeacherScoring:
     """How a teacher scores a student's training triples: it reranks the BM25 top ``depth`` of the training queries
-    (all of them, or ``queries`` of them: drawn at random with ``seed``, or the file's first without one), keeping
+    (all of them, or ``queries`` of them: drawn at random with ``seed``, or the file's first without one, after its
+    first ``skip``), keeping
     every candidate's score (``--hits`` is the same), and ``negatives`` per query are mined from its top
     ``negative_depth`` with its scores."""
 
@@ -84,6 +87,7 @@ class TeacherScoring:
     negative_depth: int = 30
     queries: int | None = None
     seed: int | None = None
+    skip: int = 0
     # An ensemble teacher: this other row reranks the same candidates too, and each query's two score lists are
     # fused as ``search --interpolate`` fuses them, ``alpha`` × the teacher's + (1 − alpha) × this row's, in the
     # teacher's score units (ensemble_teacher.py); negatives are mined from the fused run with the fused scores.
@@ -98,11 +102,13 @@ class TeacherScoring:
 
     @property
     def topics(self) -> str:
-        """The name of the queries it reranks: ``train``, ``train2000`` for a random subset of 2,000, or
-        ``train-first8000`` for the file's first 8,000."""
+        """The name of the queries it reranks: ``train``, ``train2000`` for a random subset of 2,000,
+        ``train-first8000`` for the file's first 8,000, or ``train8001-14000`` for its lines 8,001 to 14,000."""
         if self.queries is None:
             return "train"
-        return f"train{self.queries}" if self.seed is not None else f"train-first{self.queries}"
+        if self.seed is not None:
+            return f"train{self.queries}"
+        return f"train{self.skip + 1}-{self.skip + self.queries}" if self.skip else f"train-first{self.queries}"
 
 
 @dataclass(frozen=True)
@@ -139,6 +145,9 @@ class Model:
     # Started from this (MORES) row's trained model with its interaction blocks folded down to the recipe's
     # ``n_interaction_blocks`` (``train fold-blocks``), reading that row's sidecar (``sidecar_of`` names it too).
     fold_of: str | None = None
+    # Started from this (TK) row's trained model with its feed-forward blocks widened to the recipe's ``ffn_dim``
+    # (``train widen-ffn --seed WIDEN_SEED``), which scores as that model until training moves the new units.
+    widen_of: str | None = None
 
 
 #: The ensemble teacher of the shipped debian-mores-2ib's third stage: the cross-encoder × 0.15 + MaxSim × 0.85 (the
@@ -157,6 +166,10 @@ ALL_NEGATIVES_SCORING = dataclasses.replace(ALL_QUERIES_SCORING, negatives=15, m
 DEPTH_30_SCORING = TeacherScoring(depth=30, negatives=29, negative_depth=30, queries=8000)
 #: The same for the first 14,000 (debian-mores-1ib's second stage)
 DEPTH_30_MORE_SCORING = dataclasses.replace(DEPTH_30_SCORING, queries=14000)
+#: The same for the 6,000 after the first 8,000 (debian-tk's last stage: queries its ingredients did not see)
+DEPTH_30_NEXT_SCORING = dataclasses.replace(DEPTH_30_SCORING, queries=6000, skip=8000)
+#: Seeds the new feed-forward units of a widened row (``widen_of``); the shipped debian-tk's start was drawn with it
+WIDEN_SEED = 47
 
 MODELS = (
     # The teacher and its students, the shipped models' recipes (docs/results.md). Expected step times on 2 AVX2
@@ -234,6 +247,10 @@ MODELS = (
     Model("tk-depth-30", "tk", "tk-debian-depth-30", init_from="tk-all-negatives", teacher="cross-encoder-three-way",
           teacher_scoring=DEPTH_30_SCORING, full_only=True),
     Model("tk-soup", "tk", None, average_of=("tk-all-negatives-again", "tk-depth-30"), full_only=True),
+    # The shipped debian-tk: that average with feed-forward blocks four times wider, continued on depth-30 groups of
+    # the next 6,000 training queries.
+    Model("tk-wide", "tk", "tk-debian-depth-30-wide", widen_of="tk-soup", teacher="cross-encoder-three-way",
+          teacher_scoring=DEPTH_30_NEXT_SCORING, full_only=True),
     # The shipped debian-mores-1ib: the shipped 2×IB's row folded to one interaction block, then listwise-distilled
     # against that row's sidecar on the same cross-encoder's scores of each query's whole BM25 top 30, first for the
     # first 8,000 training queries, then for the first 14,000.
@@ -244,6 +261,7 @@ MODELS = (
           rerank_args=("--model-arg", "reuse=s1"), init_from="mores-1ib-depth-30", sidecar_of="mores-2ib-all-queries",
           teacher="cross-encoder-three-way", teacher_scoring=DEPTH_30_MORE_SCORING, full_only=True),
 )
+MODELS_BY_NAME = {model.name: model for model in MODELS}
 #: BM25 candidates kept per training query, from which unscored negatives are drawn (the deepest draw is 50)
 BM25_TRAIN_HITS = 100
 BASELINE = "cross-encoder"
@@ -379,14 +397,16 @@ class Pipeline:
         if scoring.queries is None:
             return self.data / "queries.train.tsv"
         path = self.work / f"queries.{scoring.topics}.tsv"
-        chosen = "from the top of the file" if scoring.seed is None else f"drawn at random (seed {scoring.seed})"
+        chosen = (f"drawn at random (seed {scoring.seed})" if scoring.seed is not None
+                  else f"after the file's first {scoring.skip:,}" if scoring.skip else "from the top of the file")
         print(f"[queries-{scoring.topics}] {scoring.queries:,} training queries {chosen}: {path}")
         if not self.dry_run:
             with open(self.data / "queries.train.tsv", encoding="utf-8") as queries:
                 lines = queries.readlines()
             if scoring.seed is not None:
                 random.Random(scoring.seed).shuffle(lines)
-            text = "".join(line if line.endswith("\n") else line + "\n" for line in lines[:scoring.queries])
+            chosen_lines = lines[scoring.skip:scoring.skip + scoring.queries]
+            text = "".join(line if line.endswith("\n") else line + "\n" for line in chosen_lines)
             if not path.is_file() or path.read_text(encoding="utf-8") != text:
                 write_text_atomic(path, text)
         return path
@@ -428,6 +448,8 @@ class Pipeline:
             command += ["--init", self.model_dir("prettr-compressor")]
         elif model.fold_of:
             command += ["--init", self.folded_start(model)]
+        elif model.widen_of:
+            command += ["--init", self.widened_start(model)]
         elif model.init_from:
             command += ["--init", self.model_dir(model.init_from)]
         self.run(f"train-{model.name}", command, done=self.made_marker(model),
@@ -440,6 +462,17 @@ class Pipeline:
         self.run(f"fold-{model.name}", [*PY, "pyserini_mores.train", "fold-blocks", "--model",
                                         self.model_dir(model.fold_of), "--blocks", str(blocks), "--output", output],
                  done=output / "config.json")
+        return output
+
+    def widened_start(self, model: Model) -> Path:
+        """``model``'s starting point: its ``widen_of`` row's trained model with the recipe's feed-forward width,
+        made again when that model has been remade since."""
+        output = self.model_dir(f"{model.name}-start")
+        width = read_recipe(model.recipe)["settings"]["model_args"]["ffn_dim"]
+        self.run(f"widen-{model.name}", [*PY, "pyserini_mores.train", "widen-ffn", "--model",
+                                         self.model_dir(model.widen_of), "--ffn-dim", str(width), "--seed",
+                                         str(WIDEN_SEED), "--output", output],
+                 done=output / "config.json", inputs=[self.made_marker(MODELS_BY_NAME[model.widen_of])])
         return output
 
     def average(self, model: Model, by_name: dict[str, Model]) -> None:
@@ -568,10 +601,10 @@ def check_arguments(step: str, command: list) -> None:
 
 def prerequisites(model: Model) -> set[str]:
     """The rows ``model`` starts from (``init_from``), learns from (``teacher``, and the second of an ensemble
-    teacher), reads the sidecar of (``sidecar_of``), folds (``fold_of``) or averages (``average_of``): trained before
-    it."""
+    teacher), reads the sidecar of (``sidecar_of``), folds (``fold_of``), widens (``widen_of``) or averages
+    (``average_of``): trained before it."""
     return {name for name in (model.init_from, model.teacher, model.teacher_scoring.ensemble_with, model.sidecar_of,
-                              model.fold_of, *model.average_of) if name}
+                              model.fold_of, model.widen_of, *model.average_of) if name}
 
 
 def with_prerequisites(models: list[Model]) -> list[Model]:

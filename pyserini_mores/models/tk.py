@@ -42,7 +42,7 @@ import logging
 import math
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, NamedTuple
 
@@ -473,6 +473,36 @@ class TKModel(RankingModel):
         model = cls(cls.config_class.from_dict({**values, **overrides}), WordTokenizer.from_pretrained(directory))
         load_model(model, str(Path(directory) / "model.safetensors"), strict=True)
         return model.eval()
+
+    def with_wider_feed_forward(self, ffn_dim: int, seed: int = 0) -> "TKModel":
+        """This TK with ``ffn_dim`` hidden units in every layer's feed-forward block instead of
+        ``config.ffn_dim`` (beyond the paper), scoring exactly as this one: the existing units are copied, each new
+        unit's input weights and bias start as ``nn.Linear`` initialises them (seeded by ``seed``) and its output
+        weights at zero. A start for a trained TK with more capacity: the new units' output weights receive a
+        gradient from the first step (their ReLU inputs are not all zero), so training decides what they add.
+
+        Raises:
+            ValueError: unless ``ffn_dim`` is larger than ``config.ffn_dim``.
+        """
+        if ffn_dim <= self.config.ffn_dim:
+            raise ValueError(f"this TK's feed-forward blocks have {self.config.ffn_dim} hidden units; widening "
+                             f"needs more, not {ffn_dim}")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            wider = type(self)(replace(self.config, ffn_dim=ffn_dim), self.tokenizer)
+        state = wider.state_dict()
+        for name, tensor in self.state_dict().items():
+            grown = state[name]
+            if grown.shape == tensor.shape:
+                state[name] = tensor.clone()
+            elif name.endswith(("feed_forward.0.weight", "feed_forward.0.bias")):  # [ffn_dim, dim] / [ffn_dim]
+                grown[: tensor.shape[0]] = tensor
+            else:  # feed_forward.2.weight, [dim, ffn_dim]: the new units' columns stay zero
+                grown.zero_()
+                grown[:, : tensor.shape[1]] = tensor
+        wider.load_state_dict(state, strict=True)
+        wider.train(self.training)
+        return wider
 
     # ---- what the sidecar stores ----------------------------------------------------------------------------------
     @property

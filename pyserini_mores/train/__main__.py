@@ -1,5 +1,5 @@
 """Training CLI: ``python -m pyserini_mores.train {mine-negatives,train,pretrain-compressor,export-delta,fold-blocks,
-recipes} ...``.
+widen-ffn,average,recipes} ...``.
 
 Examples::
 
@@ -16,6 +16,7 @@ Examples::
         --output models/prettr-e128
     python -m pyserini_mores.train export-delta --model-type prettr --model models/prettr --output prettr-delta
     python -m pyserini_mores.train fold-blocks --model debian-mores-2ib --blocks 1 --output models/mores-1ib-start
+    python -m pyserini_mores.train widen-ffn --model debian-tk --ffn-dim 400 --output models/tk-wide-start
     python -m pyserini_mores.train recipes            # list the shipped recipes
 """
 from __future__ import annotations
@@ -199,6 +200,13 @@ def build_parser() -> argparse.ArgumentParser:
     fold.add_argument("--model", required=True, help="a MORES checkpoint directory or shipped model name")
     fold.add_argument("--blocks", type=int, required=True, help="interaction blocks to keep (the last ones)")
     fold.add_argument("--output", required=True)
+    widen = commands.add_parser("widen-ffn", help="start a TK with wider feed-forward blocks from a trained one: "
+                                                  "it scores exactly as the trained one until training moves the "
+                                                  "new units")
+    widen.add_argument("--model", required=True, help="a TK checkpoint directory or shipped model name")
+    widen.add_argument("--ffn-dim", type=int, required=True, help="hidden units per feed-forward block (more than now)")
+    widen.add_argument("--seed", type=int, default=0, help="seeds the new units' input weights")
+    widen.add_argument("--output", required=True)
     average = commands.add_parser("average", help="average the weights of rankers fine-tuned from one start (a model "
                                                   "soup; see pyserini_mores.models.averaging)")
     average.add_argument("--model-type", required=True)
@@ -324,6 +332,16 @@ def run_fold_blocks(args: argparse.Namespace) -> None:
           f"{args.model}'s, so an S1 sidecar of {args.model} serves it")
 
 
+def run_widen_ffn(args: argparse.Namespace) -> None:
+    from ..models import load_model
+
+    model = load_model("tk", args.model)
+    wider = model.with_wider_feed_forward(args.ffn_dim, seed=args.seed)
+    wider.save_pretrained(args.output)
+    print(f"stored a TK with {args.ffn_dim} feed-forward units per layer (from {model.config.ffn_dim}) in "
+          f"{args.output}; it scores as the one it was made from")
+
+
 def run_average(args: argparse.Namespace) -> None:
     import shutil
     from pathlib import Path
@@ -374,7 +392,7 @@ def _run(args: argparse.Namespace) -> None:
         setup_logging(args.verbose)
     handlers = {"mine-negatives": run_mine, "train": run_train, "pretrain-compressor": run_compressor,
                 "export-delta": run_export_delta, "fold-blocks": run_fold_blocks,
-                "average": run_average, "recipes": run_recipes}
+                "widen-ffn": run_widen_ffn, "average": run_average, "recipes": run_recipes}
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     with logging_redirect_tqdm():

@@ -569,3 +569,29 @@ def test_the_shipped_mores_1ib_is_folded_from_the_shipped_2ib_and_reads_its_side
     assert (f"[rerank-mores-1ib-depth-30-more-test] $ {python} -m pyserini_mores.search --index {work / 'index'} "
             f"--topics {data_dir / 'queries.test.tsv'} --reranker mores --model {models / 'mores-1ib-depth-30-more'} "
             "--model-arg reuse=s1 ") in out
+
+
+def test_the_shipped_tk_is_the_soup_widened_and_trained_on_the_next_queries(pipeline, data_dir, tmp_path, capsys):
+    work, python = tmp_path / "w", sys.executable
+    pipeline.main(["--data", str(data_dir), "--work", str(work), "--dry-run", "--models", "tk-wide"])
+    out = capsys.readouterr().out
+    commands, models, steps = _train_commands(out), work / "models", _steps(out)
+    start = models / "tk-wide-start"
+    assert (f"[widen-tk-wide] $ {python} -m pyserini_mores.train widen-ffn --model {models / 'tk-soup'} "
+            f"--ffn-dim 400 --seed 47 --output {start}\n") in out
+    assert steps.index("average-tk-soup") < steps.index("widen-tk-wide") < steps.index("train-tk-wide")
+    assert "[queries-train8001-14000] 6,000 training queries after the file's first 8,000" in out
+    next6000 = work / "triples.train.cross-encoder-three-way-train8001-14000.tsv"
+    assert f"--recipe tk-debian-depth-30-wide --triples {next6000} " in commands["tk-wide"]
+    assert commands["tk-wide"].endswith(f"--resume --init {start}")
+
+
+def test_skipped_training_queries_are_the_next_lines_of_the_file(pipeline, tmp_path):
+    data, work = tmp_path / "d", tmp_path / "w"
+    data.mkdir()
+    work.mkdir()
+    (data / "queries.train.tsv").write_text("".join(f"q{i}\tquery {i}\n" for i in range(1, 11)))
+    made = pipeline.Pipeline(data, work, [], ["test"], 100, 5, None)
+    scoring = pipeline.TeacherScoring(depth=30, queries=3, skip=4)
+    assert scoring.topics == "train5-7"
+    assert made.training_topics(scoring).read_text() == "q5\tquery 5\nq6\tquery 6\nq7\tquery 7\n"

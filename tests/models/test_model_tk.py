@@ -248,6 +248,33 @@ def test_save_and_load_round_trip(tiny_tk, doc_texts, tmp_path):
                                rtol=0, atol=1e-4)
 
 
+@torch.no_grad()
+def test_a_widened_tk_scores_as_the_narrow_one_until_its_new_units_move(tiny_tk, doc_texts):
+    wider = tiny_tk.with_wider_feed_forward(40, seed=3)
+    assert wider.config == dataclasses.replace(tiny_tk.config, ffn_dim=40)
+    assert all(layer.feed_forward[0].out_features == 40 for layer in wider.contextualizer.layers)
+    narrow_scores = _ctx_scores(tiny_tk, QUERY, doc_texts)
+    assert narrow_scores.std() > 0.05
+    torch.testing.assert_close(_ctx_scores(wider, QUERY, doc_texts), narrow_scores, rtol=0, atol=1e-5)
+    # the new units are live: their input weights are not zero, and once their output weights move, scores do
+    first = wider.contextualizer.layers[0].feed_forward
+    assert first[0].weight[16:].abs().sum() > 0 and first[2].weight[:, 16:].abs().sum() == 0
+    first[2].weight[:, 16:].normal_(std=0.5)
+    assert not torch.allclose(_ctx_scores(wider, QUERY, doc_texts), narrow_scores, atol=1e-3)
+    # the seed decides the new units; the copied ones are the narrow model's
+    again = tiny_tk.with_wider_feed_forward(40, seed=3)
+    other = tiny_tk.with_wider_feed_forward(40, seed=4)
+    assert torch.equal(again.contextualizer.layers[0].feed_forward[0].weight[16:], first[0].weight[16:])
+    assert not torch.equal(other.contextualizer.layers[0].feed_forward[0].weight[16:], first[0].weight[16:])
+    assert torch.equal(other.contextualizer.layers[1].feed_forward[0].weight[:16],
+                       tiny_tk.contextualizer.layers[1].feed_forward[0].weight)
+
+
+def test_widening_needs_more_feed_forward_units(tiny_tk):
+    with pytest.raises(ValueError, match="have 16 hidden units; widening needs more, not 16"):
+        tiny_tk.with_wider_feed_forward(16)
+
+
 GLOVE_WORDS = ["the", "text", "editor", "vim", "is", "a", ".", ",", "web", "server", "-", "Text"]
 
 
