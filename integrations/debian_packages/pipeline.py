@@ -77,10 +77,9 @@ ENSEMBLE_SCRIPT = Path(__file__).resolve().parent / "ensemble_teacher.py"
 @dataclass(frozen=True)
 class TeacherScoring:
     """How a teacher scores a student's training triples: it reranks the BM25 top ``depth`` of the training queries
-    (all of them, or ``queries`` of them: drawn at random with ``seed``, or the file's first without one, after its
-    first ``skip``), keeping
-    every candidate's score (``--hits`` is the same), and ``negatives`` per query are mined from its top
-    ``negative_depth`` with its scores."""
+    (all of them, or ``queries`` of them: drawn at random with ``seed``, or without one the file's first after its
+    first ``skip``), keeping every candidate's score (``--hits`` is the same), and ``negatives`` per query are mined
+    from its top ``negative_depth`` with its scores."""
 
     depth: int = 50
     negatives: int = 6
@@ -99,6 +98,10 @@ class TeacherScoring:
     # Names the triples of a scoring that mines the same teacher run as another scoring does, with other negatives
     # (their file and step names end in it; the run itself is made once).
     mining: str | None = None
+
+    def __post_init__(self):
+        if self.skip and (self.queries is None or self.seed is not None):
+            raise ValueError("skip counts lines of the training queries' file: give it with queries and no seed")
 
     @property
     def topics(self) -> str:

@@ -595,3 +595,6 @@ def test_skipped_training_queries_are_the_next_lines_of_the_file(pipeline, tmp_p
     scoring = pipeline.TeacherScoring(depth=30, queries=3, skip=4)
     assert scoring.topics == "train5-7"
     assert made.training_topics(scoring).read_text() == "q5\tquery 5\nq6\tquery 6\nq7\tquery 7\n"
+    with pytest.raises(ValueError, match="skip counts lines of the training queries' file: give it with queries and "
+                                         "no seed"):
+        pipeline.TeacherScoring(queries=3, skip=4, seed=1)
