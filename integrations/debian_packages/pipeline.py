@@ -460,22 +460,22 @@ class Pipeline:
 
     def folded_start(self, model: Model) -> Path:
         """``model``'s starting point: its ``fold_of`` row's trained model with the recipe's interaction blocks."""
-        output = self.model_dir(f"{model.name}-start")
         blocks = read_recipe(model.recipe)["settings"]["model_args"]["n_interaction_blocks"]
-        self.run(f"fold-{model.name}", [*PY, "pyserini_mores.train", "fold-blocks", "--model",
-                                        self.model_dir(model.fold_of), "--blocks", str(blocks), "--output", output],
-                 done=output / "config.json")
-        return output
+        return self.start_made_from(model, "fold", model.fold_of, ["fold-blocks", "--blocks", str(blocks)])
 
     def widened_start(self, model: Model) -> Path:
-        """``model``'s starting point: its ``widen_of`` row's trained model with the recipe's feed-forward width,
-        made again when that model has been remade since."""
-        output = self.model_dir(f"{model.name}-start")
+        """``model``'s starting point: its ``widen_of`` row's trained model with the recipe's feed-forward width."""
         width = read_recipe(model.recipe)["settings"]["model_args"]["ffn_dim"]
-        self.run(f"widen-{model.name}", [*PY, "pyserini_mores.train", "widen-ffn", "--model",
-                                         self.model_dir(model.widen_of), "--ffn-dim", str(width), "--seed",
-                                         str(WIDEN_SEED), "--output", output],
-                 done=output / "config.json", inputs=[self.made_marker(MODELS_BY_NAME[model.widen_of])])
+        return self.start_made_from(model, "widen", model.widen_of,
+                                    ["widen-ffn", "--ffn-dim", str(width), "--seed", str(WIDEN_SEED)])
+
+    def start_made_from(self, model: Model, verb: str, source: str, command: list[str]) -> Path:
+        """``model``'s starting point, written by ``train COMMAND --model SOURCE'S MODEL --output ...`` (made again
+        when the source row's model has been remade since)."""
+        output = self.model_dir(f"{model.name}-start")
+        self.run(f"{verb}-{model.name}", [*PY, "pyserini_mores.train", command[0], "--model", self.model_dir(source),
+                                          *command[1:], "--output", output],
+                 done=output / "config.json", inputs=[self.made_marker(MODELS_BY_NAME[source])])
         return output
 
     def average(self, model: Model, by_name: dict[str, Model]) -> None:

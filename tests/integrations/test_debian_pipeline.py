@@ -542,15 +542,21 @@ def test_an_average_its_sidecar_and_runs_are_made_again_when_an_ingredient_is_re
     assert len(ran) == 4 and ran[-1][2:4] == ["pyserini_mores.sidecar", "build"]
 
 
+def _dry_run_of(pipeline, data_dir, work, row: str, capsys) -> tuple[str, dict[str, str], list[str]]:
+    """What a dry run of ``row`` (and the rows it needs) prints: the output, its train commands and its steps."""
+    pipeline.main(["--data", str(data_dir), "--work", str(work), "--dry-run", "--models", row])
+    out = capsys.readouterr().out
+    return out, _train_commands(out), _steps(out)
+
+
 def test_the_shipped_mores_1ib_is_folded_from_the_shipped_2ib_and_reads_its_sidecar(pipeline, data_dir, tmp_path,
                                                                                      capsys):
     work, python = tmp_path / "w", sys.executable
     pipeline.main(["--data", str(data_dir), "--work", str(work), "--dry-run"])
     assert not {"mores-1ib-depth-30", "mores-1ib-depth-30-more"} & set(_train_commands(capsys.readouterr().out))
 
-    pipeline.main(["--data", str(data_dir), "--work", str(work), "--dry-run", "--models", "mores-1ib-depth-30-more"])
-    out = capsys.readouterr().out
-    commands, models, steps = _train_commands(out), work / "models", _steps(out)
+    out, commands, steps = _dry_run_of(pipeline, data_dir, work, "mores-1ib-depth-30-more", capsys)
+    models = work / "models"
     start = models / "mores-1ib-depth-30-start"
     assert (f"[fold-mores-1ib-depth-30] $ {python} -m pyserini_mores.train fold-blocks --model "
             f"{models / 'mores-2ib-all-queries'} --blocks 1 --output {start}\n") in out
@@ -573,9 +579,8 @@ def test_the_shipped_mores_1ib_is_folded_from_the_shipped_2ib_and_reads_its_side
 
 def test_the_shipped_tk_is_the_soup_widened_and_trained_on_the_next_queries(pipeline, data_dir, tmp_path, capsys):
     work, python = tmp_path / "w", sys.executable
-    pipeline.main(["--data", str(data_dir), "--work", str(work), "--dry-run", "--models", "tk-wide"])
-    out = capsys.readouterr().out
-    commands, models, steps = _train_commands(out), work / "models", _steps(out)
+    out, commands, steps = _dry_run_of(pipeline, data_dir, work, "tk-wide", capsys)
+    models = work / "models"
     start = models / "tk-wide-start"
     assert (f"[widen-tk-wide] $ {python} -m pyserini_mores.train widen-ffn --model {models / 'tk-soup'} "
             f"--ffn-dim 400 --seed 47 --output {start}\n") in out
