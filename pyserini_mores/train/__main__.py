@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 
 from .._cli import parse_model_args, run_parsed, setup_logging
 from ..precision import PRECISION_CHOICES
@@ -323,11 +325,33 @@ def run_export_delta(args: argparse.Namespace) -> None:
           f"parameters ({summary['tensors']} tensors, {summary['bytes'] / 1e6:.1f} MB) in {args.output}")
 
 
+def save_whole(model, output: str | os.PathLike) -> None:
+    """``model``'s checkpoint in ``output``, replacing what is there: written beside it and renamed into place, so
+    that a killed command leaves no checkpoint that looks whole (a re-run pipeline step would take it for finished)
+    and the old one stays whole until the new one is. Only an empty directory or an earlier checkpoint is replaced."""
+    import shutil
+
+    from ..models.base import CONFIG_NAME
+
+    output = Path(output)
+    if output.exists() and not (output / CONFIG_NAME).is_file() and (not output.is_dir() or any(output.iterdir())):
+        raise ValueError(f"{output} is not a checkpoint directory, and replacing it would lose what it holds: name a "
+                         "new --output (or an earlier checkpoint to replace)")
+    partial, replaced = (output.with_name(output.name + suffix) for suffix in (".partial", ".replaced"))
+    shutil.rmtree(partial, ignore_errors=True)
+    model.save_pretrained(partial)
+    if output.exists():
+        shutil.rmtree(replaced, ignore_errors=True)
+        output.replace(replaced)
+    partial.replace(output)
+    shutil.rmtree(replaced, ignore_errors=True)
+
+
 def run_fold_blocks(args: argparse.Namespace) -> None:
     from ..models import load_model
 
     model = load_model("mores", args.model).with_fewer_blocks(args.blocks)
-    model.save_pretrained(args.output)
+    save_whole(model, args.output)
     print(f"stored a MORES of {args.blocks} interaction block(s) in {args.output}; its document module is "
           f"{args.model}'s, so an S1 sidecar of {args.model} serves it")
 
@@ -337,15 +361,12 @@ def run_widen_ffn(args: argparse.Namespace) -> None:
 
     model = load_model("tk", args.model)
     wider = model.with_wider_feed_forward(args.ffn_dim, seed=args.seed)
-    wider.save_pretrained(args.output)
+    save_whole(wider, args.output)
     print(f"stored a TK with {args.ffn_dim} feed-forward units per layer (from {model.config.ffn_dim}) in "
           f"{args.output}; it scores as the one it was made from")
 
 
 def run_average(args: argparse.Namespace) -> None:
-    import shutil
-    from pathlib import Path
-
     from ..models import load_model
     from ..models.averaging import average_models
 
@@ -356,16 +377,7 @@ def run_average(args: argparse.Namespace) -> None:
         raise ValueError(f"{output} exists; the average is written to a new directory: remove it, name another "
                          "--output or pass --overwrite")
     soup = average_models([load_model(args.model_type, name) for name in args.models], args.weights)
-    # Written beside the output and renamed into place, so that a killed command leaves no checkpoint that looks whole
-    # (and, with --overwrite, the old one whole until the new one is)
-    partial, replaced = (output.with_name(output.name + suffix) for suffix in (".partial", ".replaced"))
-    shutil.rmtree(partial, ignore_errors=True)
-    soup.save_pretrained(partial)
-    if output.exists():
-        shutil.rmtree(replaced, ignore_errors=True)
-        output.replace(replaced)
-    partial.replace(output)
-    shutil.rmtree(replaced, ignore_errors=True)
+    save_whole(soup, output)
     weights = args.weights or [1 / len(args.models)] * len(args.models)
     print(f"stored {' + '.join(f'{w:g} × {name}' for w, name in zip(weights, args.models))} in {args.output}")
 

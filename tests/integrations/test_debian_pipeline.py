@@ -542,6 +542,36 @@ def test_an_average_its_sidecar_and_runs_are_made_again_when_an_ingredient_is_re
     assert len(ran) == 4 and ran[-1][2:4] == ["pyserini_mores.sidecar", "build"]
 
 
+def test_a_start_made_from_another_rows_model_is_made_again_when_that_model_is(pipeline, data_dir, tmp_path,
+                                                                               monkeypatch, capsys):
+    import subprocess
+
+    ran = []
+    monkeypatch.setattr("integrations.steps.subprocess.run",
+                        lambda command, **options: ran.append(command) or subprocess.CompletedProcess(command, 0))
+    work = tmp_path / "w"
+    work.mkdir()
+    rows = {model.name: model for model in pipeline.MODELS}
+    made = pipeline.Pipeline(data_dir, work, [], ["test"], 100, 5, None)
+    source = made.made_marker(rows["tk-soup"])  # the widened row's source: an average, whole once its config is
+    source.parent.mkdir(parents=True)
+    source.write_text("{}")
+    os.utime(source, ns=(10**18, 10**18))
+    start = made.widened_start(rows["tk-wide"])
+    assert len(ran) == 1 and ran[0][2:5] == ["pyserini_mores.train", "widen-ffn", "--model"]
+    assert ran[0][-2:] == ["--output", str(start)]
+    start.mkdir()
+    (start / "config.json").write_text("{}")  # what the command would have written
+    os.utime(start / "config.json", ns=(2 * 10**18, 2 * 10**18))
+    assert made.widened_start(rows["tk-wide"]) == start
+    assert len(ran) == 1 and "[widen-tk-wide] done" in capsys.readouterr().out
+    os.utime(source, ns=(3 * 10**18, 3 * 10**18))  # the source averaged again after the start was widened from it
+    made.widened_start(rows["tk-wide"])
+    assert len(ran) == 2 and ran[1] == ran[0]
+    assert f"[widen-tk-wide] {source} is newer than {start / 'config.json'}: running it again" in \
+        capsys.readouterr().out
+
+
 def _dry_run_of(pipeline, data_dir, work, row: str, capsys) -> tuple[str, dict[str, str], list[str]]:
     """What a dry run of ``row`` (and the rows it needs) prints: the output, its train commands and its steps."""
     pipeline.main(["--data", str(data_dir), "--work", str(work), "--dry-run", "--models", row])

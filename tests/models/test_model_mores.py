@@ -570,6 +570,22 @@ def test_fold_blocks_command_saves_the_smaller_model(tiny_dims, tokenizer, tmp_p
     assert "stored a MORES of 1 interaction block(s)" in capsys.readouterr().out
     loaded = load_model("mores", tmp_path / "one")
     assert loaded.fingerprint() == model.with_fewer_blocks(1).fingerprint()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["one", "two"]  # written beside it, renamed into place
+
+    # made again over its earlier start (a pipeline re-folding a retrained row): replaced whole
+    (tmp_path / "one" / "stale.txt").write_text("left by the earlier start")
+    assert main(["fold-blocks", "--model", str(tmp_path / "two"), "--blocks", "1",
+                 "--output", str(tmp_path / "one")]) == 0
+    assert not (tmp_path / "one" / "stale.txt").exists()
+    assert load_model("mores", tmp_path / "one").fingerprint() == loaded.fingerprint()
+
+    # a directory that is not a checkpoint is not replaced: what it holds stays
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit, match=r"models is not a checkpoint directory, and replacing it would lose what it "
+                                         r"holds: name a new --output \(or an earlier checkpoint to replace\)"):
+        main(["fold-blocks", "--model", str(tmp_path / "two"), "--blocks", "1", "--output", str(tmp_path / "models")])
+    assert [path.name for path in (tmp_path / "models").iterdir()] == ["notes.txt"]
 
 
 def test_joint_flops_count_one_attention_over_query_and_document_keys():
