@@ -315,12 +315,12 @@ class Pipeline:
                                        "--topics", self.data / f"queries.{split}.tsv", "--hits", "1000",
                                        "--threads", "2", "--output", self.run_file("bm25", split)])
 
-    def training_triples(self, model: Model, by_name: dict[str, Model]) -> Path:
+    def training_triples(self, model: Model) -> Path:
         """The triples ``model`` trains on: scored by its teacher, or with negatives drawn from BM25."""
         if model.teacher:
             scoring = model.teacher_scoring
-            second = by_name[scoring.ensemble_with] if scoring.ensemble_with else None
-            return self.scored_triples(by_name[model.teacher], scoring, second)
+            second = MODELS_BY_NAME[scoring.ensemble_with] if scoring.ensemble_with else None
+            return self.scored_triples(MODELS_BY_NAME[model.teacher], scoring, second)
         return self.bm25_triples(*model.bm25_negatives)
 
     def bm25_triples(self, per_query: int, depth: int) -> Path:
@@ -478,14 +478,14 @@ class Pipeline:
                  done=output / "config.json", inputs=[self.made_marker(MODELS_BY_NAME[source])])
         return output
 
-    def average(self, model: Model, by_name: dict[str, Model]) -> None:
+    def average(self, model: Model) -> None:
         """``model``'s checkpoint: the equal-weight average of its ``average_of`` rows' trained models, made again
         (over the old one) when one of them has been retrained since."""
         output = self.model_dir(model.name)
         parts = [part for name in model.average_of for part in ("--model", self.model_dir(name))]
         self.run(f"average-{model.name}", [*PY, "pyserini_mores.train", "average", "--model-type", model.reranker,
                                            *parts, "--output", output, "--overwrite"], done=self.made_marker(model),
-                 inputs=[self.made_marker(by_name[name]) for name in model.average_of])
+                 inputs=[self.made_marker(MODELS_BY_NAME[name]) for name in model.average_of])
 
     def made_marker(self, model: Model) -> Path:
         """The file a row's training (or averaging) writes last: its checkpoint is whole once it exists."""
@@ -660,18 +660,17 @@ def main(argv: list[str] | None = None) -> int:
 
     pipeline.build_index()
     pipeline.bm25_runs()
-    by_name = {model.name: model for model in models}
     for model in models:  # MODELS order: every teacher and starting point before the rows that need it
         if model.needs_compressor:
             pipeline.pretrain_compressor(model.init_from)
         if model.sidecar_first:
             pipeline.build_sidecar_of_start(model)
         if model.sidecar_of:  # built after training, unless it is a starting point's (sidecar_first: built above)
-            pipeline.build_sidecar(by_name[model.sidecar_of])
+            pipeline.build_sidecar(MODELS_BY_NAME[model.sidecar_of])
         if model.average_of:
-            pipeline.average(model, by_name)
+            pipeline.average(model)
         else:
-            pipeline.train(model, pipeline.training_triples(model, by_name))
+            pipeline.train(model, pipeline.training_triples(model))
     for model in models:
         pipeline.build_sidecar(model)
         for split in args.splits:

@@ -45,7 +45,6 @@ def test_dry_run_prints_every_step_in_order_and_their_arguments_parse(pipeline, 
     assert pipeline.main(["--data", str(data_dir), "--work", str(tmp_path / "work"), "--dry-run"]) == 0
     out = capsys.readouterr().out
     expected, scorings, mined = ["index", "bm25-test"], set(), set()
-    by_name = {model.name: model for model in pipeline.MODELS}
     rows = [model for model in pipeline.MODELS if not model.full_only]  # the default schedule's
     for model in rows:  # a starting point's sidecar is built before, every other sidecar after training
         expected += (["compressor"] if model.needs_compressor else []) + (
@@ -57,7 +56,7 @@ def test_dry_run_prints_every_step_in_order_and_their_arguments_parse(pipeline, 
             pair = model.teacher + (f"+{second}" if second else "")
             name = pair + ("+bm25" if with_bm25 else "")
             for teacher in (model.teacher, second) if second else (model.teacher,):  # each step once
-                built = f"sidecar-{teacher}" in expected or not by_name[teacher].stores
+                built = f"sidecar-{teacher}" in expected or not pipeline.MODELS_BY_NAME[teacher].stores
                 expected += ([] if built else [f"sidecar-{teacher}"]) + (
                     [] if f"rerank-{teacher}-{topics}" in expected else [f"rerank-{teacher}-{topics}"])
             fusions = ([f"ensemble-{pair}-{topics}"] if second else []) + (
@@ -508,21 +507,20 @@ def test_an_average_its_sidecar_and_runs_are_made_again_when_an_ingredient_is_re
                         lambda command, **options: ran.append(command) or subprocess.CompletedProcess(command, 0))
     work = tmp_path / "w"
     work.mkdir()
-    rows = {model.name: model for model in pipeline.MODELS}
-    soup = rows["tk-soup"]
+    soup = pipeline.MODELS_BY_NAME["tk-soup"]
     made = pipeline.Pipeline(data_dir, work, [], ["test"], 100, 5, None)
     summaries = [made.model_dir(name) / "training_summary.json" for name in soup.average_of]
     for path in summaries:
         path.parent.mkdir(parents=True)
         path.write_text("{}")
         os.utime(path, ns=(10**18, 10**18))
-    made.average(soup, rows)
+    made.average(soup)
     assert len(ran) == 1 and ran[0][-3:] == ["--output", str(made.model_dir("tk-soup")), "--overwrite"]
     averaged = made.model_dir("tk-soup") / "config.json"  # what the command would have written
     averaged.parent.mkdir()
     averaged.write_text("{}")
     os.utime(averaged, ns=(2 * 10**18, 2 * 10**18))
-    made.average(soup, rows)
+    made.average(soup)
     assert len(ran) == 1 and "[average-tk-soup] done" in capsys.readouterr().out
     run = made.run_file("tk-soup", "test")
     run.parent.mkdir()
@@ -531,7 +529,7 @@ def test_an_average_its_sidecar_and_runs_are_made_again_when_an_ingredient_is_re
     made.rerank(soup, "test")
     assert len(ran) == 1 and "[rerank-tk-soup-test] found" in capsys.readouterr().out
     os.utime(summaries[1], ns=(3 * 10**18, 3 * 10**18))  # the second ingredient retrained after the average
-    made.average(soup, rows)
+    made.average(soup)
     assert len(ran) == 2 and f"[average-tk-soup] {summaries[1]} is newer than {averaged}: running it again" in \
         capsys.readouterr().out
     os.utime(averaged, ns=(4 * 10**18, 4 * 10**18))  # as the command would have rewritten it
@@ -551,22 +549,23 @@ def test_a_start_made_from_another_rows_model_is_made_again_when_that_model_is(p
                         lambda command, **options: ran.append(command) or subprocess.CompletedProcess(command, 0))
     work = tmp_path / "w"
     work.mkdir()
-    rows = {model.name: model for model in pipeline.MODELS}
+    wide = pipeline.MODELS_BY_NAME["tk-wide"]
     made = pipeline.Pipeline(data_dir, work, [], ["test"], 100, 5, None)
-    source = made.made_marker(rows["tk-soup"])  # the widened row's source: an average, whole once its config is
+    # the widened row's source: an average, whole once its config is written
+    source = made.made_marker(pipeline.MODELS_BY_NAME["tk-soup"])
     source.parent.mkdir(parents=True)
     source.write_text("{}")
     os.utime(source, ns=(10**18, 10**18))
-    start = made.widened_start(rows["tk-wide"])
+    start = made.widened_start(wide)
     assert len(ran) == 1 and ran[0][2:5] == ["pyserini_mores.train", "widen-ffn", "--model"]
     assert ran[0][-2:] == ["--output", str(start)]
     start.mkdir()
     (start / "config.json").write_text("{}")  # what the command would have written
     os.utime(start / "config.json", ns=(2 * 10**18, 2 * 10**18))
-    assert made.widened_start(rows["tk-wide"]) == start
+    assert made.widened_start(wide) == start
     assert len(ran) == 1 and "[widen-tk-wide] done" in capsys.readouterr().out
     os.utime(source, ns=(3 * 10**18, 3 * 10**18))  # the source averaged again after the start was widened from it
-    made.widened_start(rows["tk-wide"])
+    made.widened_start(wide)
     assert len(ran) == 2 and ran[1] == ran[0]
     assert f"[widen-tk-wide] {source} is newer than {start / 'config.json'}: running it again" in \
         capsys.readouterr().out
