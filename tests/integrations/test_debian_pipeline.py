@@ -498,17 +498,21 @@ def test_the_teachers_training_queries_are_a_seeded_random_subset_or_the_first_w
     assert first == work / "queries.train-first4.tsv" and first.read_text() == "".join(lines[:4])
 
 
-def test_an_average_its_sidecar_and_runs_are_made_again_when_an_ingredient_is_retrained(pipeline, data_dir, tmp_path,
-                                                                                     monkeypatch, capsys):
+def _pipeline_recording_commands(pipeline, data_dir, tmp_path, monkeypatch):
+    """A pipeline over ``tmp_path / "w"`` whose steps' commands are recorded in the returned list, not run."""
     import subprocess
 
     ran = []
     monkeypatch.setattr("integrations.steps.subprocess.run",
                         lambda command, **options: ran.append(command) or subprocess.CompletedProcess(command, 0))
-    work = tmp_path / "w"
-    work.mkdir()
+    (tmp_path / "w").mkdir()
+    return pipeline.Pipeline(data_dir, tmp_path / "w", [], ["test"], 100, 5, None), ran
+
+
+def test_an_average_its_sidecar_and_runs_are_made_again_when_an_ingredient_is_retrained(pipeline, data_dir, tmp_path,
+                                                                                     monkeypatch, capsys):
+    made, ran = _pipeline_recording_commands(pipeline, data_dir, tmp_path, monkeypatch)
     soup = pipeline.MODELS_BY_NAME["tk-soup"]
-    made = pipeline.Pipeline(data_dir, work, [], ["test"], 100, 5, None)
     summaries = [made.model_dir(name) / "training_summary.json" for name in soup.average_of]
     for path in summaries:
         path.parent.mkdir(parents=True)
@@ -542,15 +546,8 @@ def test_an_average_its_sidecar_and_runs_are_made_again_when_an_ingredient_is_re
 
 def test_a_start_made_from_another_rows_model_is_made_again_when_that_model_is(pipeline, data_dir, tmp_path,
                                                                                monkeypatch, capsys):
-    import subprocess
-
-    ran = []
-    monkeypatch.setattr("integrations.steps.subprocess.run",
-                        lambda command, **options: ran.append(command) or subprocess.CompletedProcess(command, 0))
-    work = tmp_path / "w"
-    work.mkdir()
+    made, ran = _pipeline_recording_commands(pipeline, data_dir, tmp_path, monkeypatch)
     wide = pipeline.MODELS_BY_NAME["tk-wide"]
-    made = pipeline.Pipeline(data_dir, work, [], ["test"], 100, 5, None)
     # the widened row's source: an average, whole once its config is written
     source = made.made_marker(pipeline.MODELS_BY_NAME["tk-soup"])
     source.parent.mkdir(parents=True)
