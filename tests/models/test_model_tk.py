@@ -275,6 +275,29 @@ def test_widening_needs_more_feed_forward_units(tiny_tk):
         tiny_tk.with_wider_feed_forward(16)
 
 
+def test_the_widen_command_replaces_only_an_earlier_start(tiny_tk, tmp_path, capsys):
+    from pyserini_mores.train.__main__ import main
+
+    tiny_tk.save_pretrained(tmp_path / "narrow")
+    widen = ["widen-ffn", "--model", str(tmp_path / "narrow"), "--ffn-dim", "40", "--seed", "3", "--output"]
+    assert main([*widen, str(tmp_path / "wide")]) == 0
+    assert "stored a TK with 40 feed-forward units per layer (from 16)" in capsys.readouterr().out
+    expected = tiny_tk.with_wider_feed_forward(40, seed=3).fingerprint()
+    assert load_model("tk", tmp_path / "wide").fingerprint() == expected
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["narrow", "wide"]  # nothing left beside it
+
+    (tmp_path / "wide" / "stale.txt").write_text("left by the earlier start")
+    assert main([*widen, str(tmp_path / "wide")]) == 0
+    assert not (tmp_path / "wide" / "stale.txt").exists()
+    assert load_model("tk", tmp_path / "wide").fingerprint() == expected
+
+    (tmp_path / "glove.txt").write_text("the 0.1 0.2\n")
+    with pytest.raises(SystemExit, match=r"glove.txt is not a checkpoint directory, and replacing it would lose what "
+                                         r"it holds"):
+        main([*widen, str(tmp_path / "glove.txt")])
+    assert (tmp_path / "glove.txt").read_text() == "the 0.1 0.2\n"
+
+
 GLOVE_WORDS = ["the", "text", "editor", "vim", "is", "a", ".", ",", "web", "server", "-", "Text"]
 
 
