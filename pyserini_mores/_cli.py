@@ -12,6 +12,7 @@ from typing import Any
 
 from ._jvm import JavaNotFoundError
 from ._model_args import parse_model_arg
+from .errors import UserFixableError
 from .models.backbones import BackboneNotFoundError
 from .precision import PRECISION_CHOICES, check_device_name
 
@@ -109,21 +110,16 @@ def run_parsed(parser: argparse.ArgumentParser, run: Callable[[argparse.Namespac
 
 
 # What a user can cause and fix: bad input, a path that is missing or of the wrong kind, an unknown name, no Java, no
-# backbone. The sidecar's own errors (damaged, mismatched, missing, disk full) are checked in is_expected_error.
+# backbone, and the package's own such errors (a sidecar damaged, mismatched, missing, or its disk full).
 _EXPECTED_ERRORS: tuple[type[Exception], ...] = (
     ValueError, KeyError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError,
-    JavaNotFoundError, BackboneNotFoundError,
+    JavaNotFoundError, BackboneNotFoundError, UserFixableError,
 )
 
 
 def is_expected_error(error: BaseException) -> bool:
     """Whether ``error`` is one a command reports as an ``error:`` line rather than a traceback."""
-    if isinstance(error, _EXPECTED_ERRORS):
-        return True
-    # Imported here, not at the top: the sidecar package imports numpy, which --help should not wait for.
-    from .sidecar.format import SidecarError
-
-    return isinstance(error, SidecarError)
+    return isinstance(error, _EXPECTED_ERRORS)
 
 
 def error_message(error: BaseException) -> str:

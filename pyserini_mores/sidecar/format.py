@@ -31,6 +31,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from ..errors import UserFixableError
+
 FORMAT_NAME = "pyserini-mores-sidecar"
 FORMAT_VERSION = 1
 
@@ -60,7 +62,7 @@ CODE_DTYPE = np.dtype("u1")
 CODEC_PARAMETER_DTYPE = np.dtype("<f4")
 
 
-class SidecarError(Exception):
+class SidecarError(UserFixableError):
     """Base class of every sidecar problem."""
 
 
