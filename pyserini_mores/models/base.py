@@ -267,14 +267,19 @@ class RankingModel(nn.Module):
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike, **overrides) -> "RankingModel":
         """Load a checkpoint directory written by :meth:`save_pretrained`; ``overrides`` replace config fields."""
-        from safetensors.torch import load_model
-        from transformers import AutoTokenizer, PretrainedConfig
-
         directory = Path(directory)
         values = read_checkpoint_config(directory)
         if values.get("model_type") != cls.model_type:
             raise ValueError(f"{directory} holds a '{values.get('model_type')}' model, not '{cls.model_type}'")
-        config = cls.config_class.from_dict({**values, **overrides})
+        return cls.load_overridden(directory, values, overrides,
+                                   lambda **given: cls._load_checkpoint(directory, {**values, **given}))
+
+    @classmethod
+    def _load_checkpoint(cls, directory: Path, values: dict) -> "RankingModel":
+        from safetensors.torch import load_model
+        from transformers import AutoTokenizer, PretrainedConfig
+
+        config = cls.config_class.from_dict(values)
         check_tokenizer_files(directory)
         # An empty config keeps transformers from reading our config.json as if it were its own.
         tokenizer = AutoTokenizer.from_pretrained(str(directory), config=PretrainedConfig())
@@ -287,8 +292,15 @@ class RankingModel(nn.Module):
     def load_overridden(cls, directory: str | os.PathLike, stored: dict, overrides: dict,
                         load: Callable[..., "RankingModel"]) -> "RankingModel":
         """``load(**overrides)``: how the model stored in ``directory`` (config ``stored``) loads with config
-        ``overrides``. A model whose stored weights cannot take some override as they are loads them as stored and
-        converts (MORES: untying shared layers)."""
+        ``overrides``. A model whose query may share the document's layers (a ``tied`` config field: MORES, PreTTR)
+        stores shared layers once, so ``tied=False`` over a tied checkpoint loads it tied and unties it (``untied()``,
+        scores unchanged), e.g. a tied checkpoint as ``--init`` of an untied recipe; the reverse is refused."""
+        stored_tied = stored.get("tied", True)
+        if "tied" in overrides and bool(overrides["tied"]) != stored_tied:
+            if not stored_tied:
+                raise ValueError(f"{directory} holds a {cls.model_type} model whose query has its own layers; tying "
+                                 "them to the document's would drop them (leave tied as stored)")
+            return load(**{**overrides, "tied": True}).untied()
         return load(**overrides)
 
     @classmethod

@@ -47,7 +47,7 @@ import json
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Iterable
 
 import torch
 from torch import nn
@@ -67,8 +67,7 @@ from ._layers import (
     score_head,
 )
 from .backbones import DEFAULT_BACKBONE
-from .base import (CONFIG_NAME, WEIGHTS_NAME, RankingConfig, RankingModel, check_tokenizer_files,
-                   read_checkpoint_config)
+from .base import CONFIG_NAME, WEIGHTS_NAME, RankingConfig, RankingModel, check_tokenizer_files
 from .flops import EncoderShape, FlopCount, Term, attention, bert_layer, cls_only_layer, linear
 from .loading import copy_ranker_head, load_backbone_checkpoint
 from .losses import ranking_scores
@@ -815,23 +814,7 @@ class MoresModel(RankingModel):
         directory = Path(directory)
         if not (directory / WEIGHTS_NAME).is_file() and (directory / MODULE_NAMES[0]).is_dir():
             return cls.from_modules(directory, **overrides)
-        load = super().from_pretrained
-        return cls.load_overridden(directory, read_checkpoint_config(directory), overrides,
-                                   lambda **given: load(directory, **given))
-
-    @classmethod
-    def load_overridden(cls, directory: str | os.PathLike, stored: dict, overrides: dict,
-                        load: Callable[..., RankingModel]) -> "MoresModel":
-        """``load(**overrides)``, except that ``tied=False`` over a tied checkpoint loads it tied and then unties
-        it: its shared layers are stored once, under one module's names, and both modules need them."""
-        stored_tied = stored.get("tied", True)
-        if "tied" in overrides and bool(overrides["tied"]) != stored_tied:
-            if not stored_tied:
-                raise ValueError(f"{directory} holds a MORES whose query module has its own layers; tying them to "
-                                 "the document module's would drop them (leave tied as stored)")
-            # e.g. a tied checkpoint as --init of a recipe with tied=false: the query module starts as copies
-            return load(**{**overrides, "tied": True}).untied()
-        return load(**overrides)
+        return super().from_pretrained(directory, **overrides)
 
     def untied(self) -> "MoresModel":
         """This model with the query module's layers as copies of the shared ones (scores unchanged), so that they

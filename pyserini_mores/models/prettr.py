@@ -22,12 +22,16 @@ and layer ``L`` computes only the [CLS] row. The head is ``Linear(n, 2)`` on the
 ``score = logit_1 - logit_0`` (:func:`.losses.ranking_scores`, as in the cross-encoder baseline, whose parameter names
 ``encoder.*``/``head.*`` PreTTR shares: a trained cross-encoder's weights load into PreTTR as they are).
 
+Beyond the paper, ``tied=False`` gives the query block its own copy of layers ``1..l`` (as MORES's untied query
+module has): started equal, it scores exactly as the tied model, and it can train while the document's layers, read
+from a sidecar, stay fixed.
+
 The optional compressor (the paper's §3.2) sits on the layer-l output: ``r = GELU(s_l W_c + b_c)`` is stored,
 ``ŝ_l = LayerNorm(r W_d + b_d)`` feeds layer ``l+1``. Query states go through compress→decompress too.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Iterable, NamedTuple
 
 import torch
@@ -35,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._cls_only import TokenBlock, cls_only_attention_stored, cls_only_layer, compute_dtype
-from ._layers import BertEncoder, key_padding_mask, load_bert_weights, score_head
+from ._layers import BertEncoder, TransformerLayer, key_padding_mask, load_bert_weights, score_head
 from .backbones import DEFAULT_BACKBONE
 from .base import RankingConfig, RankingModel, pad_documents
 from .flops import EncoderShape, FlopCount, Term, bert_layer, linear
@@ -72,6 +76,9 @@ class PreTTRConfig(RankingConfig):
             sum per stored token and head (``2·n`` per token instead of the ``2·h·n`` of attending through the
             states), at twice the storage of uncompressed states. Measured slower than ``"states"`` on this
             project's 2-core CPU, where both are bound by memory traffic, not FLOPs (README, Benchmark).
+        tied: the query block runs through the document's layers ``1..l`` (the paper: one stack computes both).
+            ``False``: through its own copy of them (``query_layers``), which can train against a sidecar of the
+            document's fixed ones; the sidecar depends on the document's only, so it serves both.
     """
 
     join_layer: int | None = None
@@ -79,6 +86,13 @@ class PreTTRConfig(RankingConfig):
     simulate_fp16_storage: bool = False
     classifier_dropout: float = 0.1
     reuse: str = "states"
+    tied: bool = True
+
+    def to_dict(self) -> dict:
+        values = asdict(self)
+        if self.tied:  # recorded only when untied: the fingerprints of tied models stay as they were
+            del values["tied"]
+        return values
 
     def __post_init__(self):
         if self.encoder is not None:
@@ -106,6 +120,8 @@ def validate_config(config: PreTTRConfig) -> None:
             f"reuse='kv' stores the last layer's document keys and values, which depend on the document alone only "
             f"when the last layer is the only joint one: it needs join_layer={layers - 1}, not {join}"
         )
+    if not isinstance(config.tied, bool):  # the string "False" would silently mean tied
+        raise ValueError(f"tied must be true or false, not {config.tied!r}")
     if config.compression_dim is not None and config.compression_dim <= 0:
         raise ValueError(f"compression_dim must be a positive width or None, got {config.compression_dim}")
     if config.query_max_length < 2:
@@ -232,6 +248,9 @@ class PreTTRModel(RankingModel):
         super().__init__(config, tokenizer)
         dims = config.encoder
         self.encoder = BertEncoder(dims)
+        # untied: the query block's own layers 1..l (tied, it runs through the encoder's)
+        self.query_layers = None if config.tied else nn.ModuleList(
+            TransformerLayer(dims) for _ in range(config.join_layer))
         self.compressor = (
             Compressor(dims.hidden_size, config.compression_dim, dims.layer_norm_eps, config.simulate_fp16_storage)
             if config.compression_dim else None
@@ -249,8 +268,20 @@ class PreTTRModel(RankingModel):
         config = PreTTRConfig(encoder=checkpoint.dims, backbone=str(backbone), **config_overrides)
         model = cls(config, checkpoint.tokenizer)
         load_bert_weights(model.encoder, checkpoint.state_dict)
+        if model.query_layers is not None:
+            model.query_layers.load_state_dict(model.encoder.layers[:model.join_layer].state_dict())
         copy_ranker_head(model.ranking_head, checkpoint, cls.model_type)
         return model.eval()
+
+    def untied(self) -> "PreTTRModel":
+        """This model with the query block's layers ``1..l`` as copies of the shared ones (scores unchanged)."""
+        if not self.config.tied:
+            return self
+        model = type(self)(replace(self.config, tied=False), self.tokenizer)
+        state = self.state_dict()
+        state.update(self.encoder.layers[:self.join_layer].state_dict(prefix="query_layers."))
+        model.load_state_dict(state)
+        return model.train(self.training)
 
     # ---- shape of the model -------------------------------------------------------------------------------------
     @property
@@ -372,7 +403,12 @@ class PreTTRModel(RankingModel):
     def _query_layer_l(self, query_batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """Uncompressed layer-l states of the query block ``[B, Qb, n]`` and its mask ``[B, Qb]``."""
         input_ids, mask = self._query_inputs(query_batch)
-        return self._lower_layers(self._embed(input_ids, QUERY_SEGMENT_ID, 0), mask), mask
+        x = self._embed(input_ids, QUERY_SEGMENT_ID, 0)
+        if self.query_layers is None:
+            return self._lower_layers(x, mask), mask
+        for layer in self.query_layers:
+            x = layer(x, mask[:, None, None, :])
+        return x, mask
 
     def _doc_layer_l(self, doc_batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """Uncompressed layer-l states of ``d [SEP]`` ``[B, Ld, n]`` (positions from ``Qb``) and mask ``[B, Ld]``."""
@@ -609,6 +645,9 @@ class PreTTRModel(RankingModel):
     def joint_forward_masked(self, query_batch: dict, doc_batch: dict) -> torch.Tensor:
         """Reference: the plain cross-encoder on the joined sequence with the paper's block-diagonal mask on layers
         ``1..l``, the compressor on every token of the layer-l output, and full (all-row) layers ``l+1..L``."""
+        if self.query_layers is not None:
+            raise ValueError("the block-diagonal reference runs one stack over query and document; this PreTTR's "
+                             "query block has its own layers (tied=false)")
         x, mask = self._joint_layer_l(self.joined_inputs(query_batch, doc_batch))
         x = self.encoder.run_layers(self._roundtrip(x), mask[:, None, None, :], self.join_layer, None)
         return self._head(x[:, 0])

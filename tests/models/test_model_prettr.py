@@ -440,3 +440,62 @@ def test_store_fingerprint_of_keys_and_values_covers_the_last_layers_projections
     assert not changed("encoder.layers.3.attention.query.weight")  # the [CLS] query runs online
     assert not changed("encoder.layers.3.ffn.intermediate.weight")
     assert not changed("head.weight")
+
+
+@torch.no_grad()
+def test_a_tied_checkpoint_loads_untied_with_the_same_scores_and_the_same_sidecar(tiny_dims, tokenizer, documents,
+                                                                                  tmp_path):
+    model = make_model(tiny_dims, tokenizer, 2)
+    before = stored_scores(model, QUERY, documents)
+    assert_spread(before)
+    model.save_pretrained(tmp_path / "tied")
+    untied = load_model("prettr", tmp_path / "tied", tied=False)  # e.g. --init TIED_CHECKPOINT --model-arg tied=false
+    assert untied.config.tied is False and len(untied.query_layers) == 2
+    assert torch.equal(stored_scores(untied, QUERY, documents), before)
+    assert untied.store_fingerprint() == model.store_fingerprint()  # the document's layers, so its sidecar, are kept
+    assert untied.fingerprint() != model.fingerprint()
+    # copies, not shared: moving the query's layers moves the scores and leaves the stored documents as they were
+    stored = model.encode_documents(model.tokenize_documents(documents))
+    untied.query_layers[0].ffn.output.weight.add_(0.5 * torch.randn_like(untied.query_layers[0].ffn.output.weight))
+    assert all(torch.equal(a, b) for a, b in zip(untied.encode_documents(untied.tokenize_documents(documents)), stored))
+    moved = stored_scores(untied, QUERY, documents)
+    assert not torch.allclose(moved, before, atol=1e-3)
+    # the training forward reads the query's own layers too, and an untied checkpoint loads as it was saved
+    torch.testing.assert_close(untied(untied.tokenize_queries([QUERY]), untied.tokenize_documents(documents)), moved,
+                               rtol=0, atol=ATOL)
+    untied.save_pretrained(tmp_path / "untied")
+    assert torch.equal(stored_scores(load_model("prettr", tmp_path / "untied"), QUERY, documents), moved)
+    with pytest.raises(ValueError, match=r"untied holds a prettr model whose query has its own layers; tying them to "
+                                         r"the document's would drop them \(leave tied as stored\)"):
+        load_model("prettr", tmp_path / "untied", tied=True)
+    with pytest.raises(ValueError, match=r"the block-diagonal reference runs one stack over query and document"):
+        untied.joint_forward_masked(untied.tokenize_queries([QUERY]), untied.tokenize_documents(documents))
+
+
+def test_tied_is_recorded_only_when_untied(tiny_dims):
+    assert "tied" not in PreTTRConfig(encoder=tiny_dims, join_layer=2).to_dict()  # tied fingerprints stay unchanged
+    assert PreTTRConfig(encoder=tiny_dims, join_layer=2, tied=False).to_dict()["tied"] is False
+    with pytest.raises(ValueError, match="tied must be true or false, not 'False'"):
+        PreTTRConfig(encoder=tiny_dims, join_layer=2, tied="False")
+
+
+def test_an_untied_model_from_the_offline_minilm_starts_as_the_tied_one_and_its_delta_keeps_its_query_layers(
+        tokenizer, documents, tmp_path):
+    from pyserini_mores.models.delta import save_delta
+
+    tied = PreTTRModel.from_backbone("minilm", join_layer=4, query_max_length=QUERY_BLOCK, doc_max_length=DOC_MAX)
+    untied = PreTTRModel.from_backbone("minilm", join_layer=4, query_max_length=QUERY_BLOCK, doc_max_length=DOC_MAX,
+                                       tied=False)
+    torch.nn.init.normal_(untied.head.weight, std=1.0)  # the head is new in both: give both the same one
+    tied.head.load_state_dict(untied.head.state_dict())
+    with torch.no_grad():
+        expected = stored_scores(tied, QUERY, documents)
+        assert_spread(expected)
+        torch.testing.assert_close(stored_scores(untied, QUERY, documents), expected, rtol=0, atol=1e-5)
+        # trained apart from the document's layers, the query's are stored in the delta over the backbone
+        untied.query_layers[3].ffn.output.weight.mul_(1.5)
+        save_delta(untied, tmp_path / "delta", dtype=torch.float32)
+        rebuilt = load_model("prettr", tmp_path / "delta")
+        assert rebuilt.config.tied is False
+        assert torch.equal(rebuilt.query_layers[3].ffn.output.weight, untied.query_layers[3].ffn.output.weight)
+        assert torch.equal(stored_scores(rebuilt, QUERY, documents), stored_scores(untied, QUERY, documents))
