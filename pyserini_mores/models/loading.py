@@ -29,7 +29,7 @@ MODELS_ENTRY_POINT_GROUP = "pyserini_mores.models"
 #: the shipped checkpoint each model type loads when no model is named (all trained on debian-packages' training
 #: queries; see docs/results.md), inside the package or in :data:`MODELS_PACKAGE`
 SHIPPED_DEFAULTS = {"maxsim": "debian-maxsim", "cross-encoder": "debian-cross-encoder", "mores": "debian-mores-2ib",
-                    "tk": "debian-tk", "prettr": "debian-prettr"}
+                    "tk": "debian-tk", "prettr": "debian-prettr-e128"}
 #: the models package built from this repository (its directory of the same name), with the shipped models that do
 #: not fit in the package's own wheel
 MODELS_PACKAGE = "pyserini-mores-models"

@@ -233,7 +233,8 @@ class PreTTRModel(RankingModel):
     model_type = "prettr"
     config_class = PreTTRConfig
     default_loss = "listwise"  # with one negative, the paper's pairwise softmax loss
-    new_parameters = ("head.",)
+    # the compressor is new beside a ranker's weights (pre-trained alone at most), so --head-lr moves it as the head
+    new_parameters = ("head.", "compressor.")
     # the stack shared by the separate lower layers and the joined upper ones: --freeze-layers N keeps its first N
     # (and, started from a cross-encoder, its delta stores only the layers above them)
     layer_stack = "encoder.layers."

@@ -119,8 +119,8 @@ def define_train_args(parser: argparse.ArgumentParser) -> None:
                           "otherwise (default 32)")
     opt.add_argument("--grad-accum", type=int, default=S, help="micro-batches per step (default 1)")
     opt.add_argument("--lr", type=float, default=S, help="AdamW learning rate (default 3e-5)")
-    opt.add_argument("--head-lr", type=float, default=S, help="learning rate of new layers (score head, TK "
-                                                              "kernel weights; default --lr)")
+    opt.add_argument("--head-lr", type=float, default=S, help="learning rate of new layers (score head, PreTTR "
+                                                              "compressor, TK kernel weights; default --lr)")
     opt.add_argument("--dropout", type=float, default=S, metavar="P",
                      help="every dropout probability while training (0: off; default the model's own, BERT's 0.1)")
     opt.add_argument("--weight-decay", type=float, default=S)

@@ -320,6 +320,17 @@ def test_compressor_pretraining_lowers_attention_mse_and_touches_only_the_compre
     assert all(not torch.equal(value, compressor_before[name]) for name, value in model.compressor.state_dict().items())
 
 
+def test_head_lr_trains_the_compressor_and_the_head_while_the_encoder_keeps_lr(tiny_dims, tokenizer):
+    model = make_model(tiny_dims, tokenizer, 2, compression_dim=8)
+    body, new = model.optimizer_groups(lr=1e-5, head_lr=1e-3)
+    names = {id(parameter): name for name, parameter in model.named_parameters()}
+    new_names = {names[id(parameter)] for parameter in new["params"]}
+    assert (body["lr"], new["lr"]) == (1e-5, 1e-3)
+    assert new_names == {name for name, _ in model.named_parameters() if name.startswith(("compressor.", "head."))}
+    assert any(name.startswith("compressor.") for name in new_names)
+    assert all(names[id(parameter)].startswith("encoder.") for parameter in body["params"])
+
+
 def test_store_fingerprint_covers_exactly_the_lower_layers_and_the_compressing_half(tiny_dims, tokenizer):
     model = make_model(tiny_dims, tokenizer, 2, compression_dim=8)
     assert model.store_variant == "l2-e8" and model.store_width == 8
