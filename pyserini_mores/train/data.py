@@ -367,7 +367,7 @@ def compressor_pairs(
 ) -> list[tuple[str, str]]:
     """Unlabelled (query, passage) pairs for compressor pre-training, in a seeded random order.
 
-    * ``path`` is a triples file: ``(query, positive)`` and ``(query, negative)`` of every line.
+    * ``path`` is a triples file, scored or not: ``(query, positive)`` and ``(query, negative)`` of every line.
     * ``path`` is a collection and ``queries`` are given: each query with a random passage.
     * ``path`` is a collection alone: the paper's TREC CAR (heading, paragraph) pairs adapted to passages. The
       heading is a passage's first sentence (:func:`split_pseudo_query`), the paragraph the rest of it; as in the
@@ -400,11 +400,12 @@ def compressor_pairs(
 
 
 def _looks_like_triples(path: PathLike) -> bool:
-    """A file whose first line has exactly three tab-separated fields (a collection TSV has two, JSONL none)."""
+    """A file whose first line has three tab-separated fields, or five (scored triples; :func:`read_triples` drops the
+    scores); a collection TSV has two, JSONL none."""
     if Path(path).is_dir():
         return False
     for _, line in numbered_lines(path):
-        return len(line.split("\t")) == 3
+        return len(line.split("\t")) in (3, 5)
     return False
 
 

@@ -583,6 +583,15 @@ def test_compressor_pairs_from_queries_pair_each_query_with_a_passage():
     assert all(passage in passages for _, passage in pairs)
 
 
+def test_compressor_pairs_read_scored_triples_as_the_same_pairs(tmp_path):
+    plain, scored = tmp_path / "plain.tsv", tmp_path / "scored.tsv"
+    write_triples(plain, [("q", "p", "n1"), ("r", "p2", "m1")])
+    write_triples(scored, [("q", "p", "n1", 3.0, 1.0), ("r", "p2", "m1", 2.0, -1.0)])
+    pairs = train_data.compressor_pairs(scored, seed=0)
+    assert pairs == train_data.compressor_pairs(plain, seed=0)
+    assert sorted(pairs) == [("q", "n1"), ("q", "p"), ("r", "m1"), ("r", "p2")]
+
+
 def test_compressor_pairs_follow_the_paper_half_with_their_own_heading():
     pairs = train_data.compressor_pairs(COLLECTION, seed=0)
     passages = {text for _, text in read_collection(COLLECTION)}
