@@ -16,8 +16,9 @@ Two families of rerankers train, each teacher before its students:
   with BM25 (``mores-2ib-debian-three-way``), then trained from text on the same triples, the upper half of its
   document module training too (``mores-2ib-debian-from-text``, with a sidecar of its own); with ``--full`` only, that
   continued (``mores-2ib-debian-from-text-more``) and last trained from text on the second-stage cross-encoder's
-  scores of every training query (``mores-2ib-debian-all-queries``); the seven MORES recipes are the stages of the
-  shipped ``debian-mores-2ib``; the cross-encoder itself learns from the three-way teacher too
+  scores of every training query (``mores-2ib-debian-all-queries``); with the last (``mores-2ib-debian-depth-100``,
+  below) these eight MORES recipes are the stages of the shipped ``debian-mores-2ib``; the cross-encoder itself
+  learns from the three-way teacher too
   (``cross-encoder-debian-three-way``, its first four layers frozen: the shipped ``debian-cross-encoder``'s second
   stage);
 - MaxSim (the embedded default's reranker), then the models that start from its trained encoder (MORES 1×IB, PreTTR
@@ -31,8 +32,10 @@ Two families of rerankers train, each teacher before its students:
   feed-forward blocks are then widened four times (``train widen-ffn``) and trained on the depth-30 groups of the
   next 6,000 training queries (``tk-debian-depth-30-wide``: the shipped ``debian-tk``); and MORES 1×IB folded from
   the shipped 2×IB's row (``train fold-blocks``), trained against that row's sidecar on the same depth-30 groups
-  (``mores-1ib-debian-depth-30``, then for more queries ``mores-1ib-debian-depth-30-more``: the shipped
-  ``debian-mores-1ib``).
+  (``mores-1ib-debian-depth-30``, then for more queries ``mores-1ib-debian-depth-30-more``), then on groups of each
+  query's whole BM25 top 100 for 2,000 queries none of them saw (``mores-1ib-debian-depth-100``: the shipped
+  ``debian-mores-1ib``), as the 2×IB's row is too, against its own sidecar (``mores-2ib-debian-depth-100``: the
+  shipped ``debian-mores-2ib``).
 
 By default every training step runs a short schedule (``Model.short_steps``) so that the whole pipeline fits about
 three hours of 2 CPU cores, without the rows marked ``full_only``; ``--full`` trains every row with its recipe's own
@@ -171,6 +174,10 @@ DEPTH_30_SCORING = TeacherScoring(depth=30, negatives=29, negative_depth=30, que
 DEPTH_30_MORE_SCORING = dataclasses.replace(DEPTH_30_SCORING, queries=14000)
 #: The same for the 6,000 after the first 8,000 (debian-tk's last stage: queries its ingredients did not see)
 DEPTH_30_NEXT_SCORING = dataclasses.replace(DEPTH_30_SCORING, queries=6000, skip=8000)
+#: The BM25 top 100 of the 2,000 training queries after the first 14,000, all 99 negatives of each (the shipped
+#: debian-mores-2ib's and debian-mores-1ib's last stages: groups as deep as top-100 reranking, of queries their
+#: earlier stages did not see at that depth)
+DEPTH_100_SCORING = TeacherScoring(depth=100, negatives=99, negative_depth=100, queries=2000, skip=14000)
 #: Seeds the new feed-forward units of a widened row (``widen_of``); the shipped debian-tk's start was drawn with it
 WIDEN_SEED = 47
 
@@ -215,8 +222,9 @@ MODELS = (
     Model("mores-2ib-three-way", "mores", "mores-2ib-debian-three-way", rerank_args=("--model-arg", "reuse=s1"),
           init_from="mores-2ib-ensemble", sidecar_of="mores-2ib", teacher="cross-encoder",
           teacher_scoring=THREE_WAY_SCORING, short_steps=250),
-    # Its fifth stage, the shipped debian-mores-2ib: the same triples, trained from text with the document module's
-    # layers 2-3 training too (the recipe's freeze_layers), so it builds a sidecar of its own after training.
+    # Its fifth stage (of the shipped debian-mores-2ib's eight): the same triples, trained from text with the
+    # document module's layers 2-3 training too (the recipe's freeze_layers), so it builds a sidecar of its own after
+    # training.
     Model("mores-2ib-from-text", "mores", "mores-2ib-debian-from-text", rerank_args=("--model-arg", "reuse=s1"),
           init_from="mores-2ib-three-way", teacher="cross-encoder", teacher_scoring=THREE_WAY_SCORING,
           short_steps=250, seconds_per_step=3.2),
@@ -230,9 +238,9 @@ MODELS = (
     Model("mores-2ib-from-text-more", "mores", "mores-2ib-debian-from-text-more",
           rerank_args=("--model-arg", "reuse=s1"), init_from="mores-2ib-from-text", teacher="cross-encoder",
           teacher_scoring=THREE_WAY_SCORING, full_only=True),
-    # Its seventh, the shipped model: continued from text on the second-stage cross-encoder's own scores of every
-    # training query's BM25 top 16 (45 min of reranking in bf16 on 2 AVX512-BF16 cores), 4.4× the three-way
-    # triples' queries.
+    # Its seventh (the start of the shipped model's last stage, below): continued from text on the second-stage
+    # cross-encoder's own scores of every training query's BM25 top 16 (45 min of reranking in bf16 on 2 AVX512-BF16
+    # cores), 4.4× the three-way triples' queries.
     Model("mores-2ib-all-queries", "mores", "mores-2ib-debian-all-queries", rerank_args=("--model-arg", "reuse=s1"),
           init_from="mores-2ib-from-text-more", teacher="cross-encoder-three-way", teacher_scoring=ALL_QUERIES_SCORING,
           full_only=True),
@@ -263,6 +271,14 @@ MODELS = (
     Model("mores-1ib-depth-30-more", "mores", "mores-1ib-debian-depth-30-more",
           rerank_args=("--model-arg", "reuse=s1"), init_from="mores-1ib-depth-30", sidecar_of="mores-2ib-all-queries",
           teacher="cross-encoder-three-way", teacher_scoring=DEPTH_30_MORE_SCORING, full_only=True),
+    # The shipped debian-mores-2ib and debian-mores-1ib: the two rows above them continued against the same sidecar
+    # on whole BM25 top-100 groups (only what runs online trains, so the 2×IB's sidecar stays both models').
+    Model("mores-2ib-depth-100", "mores", "mores-2ib-debian-depth-100", rerank_args=("--model-arg", "reuse=s1"),
+          init_from="mores-2ib-all-queries", sidecar_of="mores-2ib-all-queries", teacher="cross-encoder-three-way",
+          teacher_scoring=DEPTH_100_SCORING, full_only=True),
+    Model("mores-1ib-depth-100", "mores", "mores-1ib-debian-depth-100", rerank_args=("--model-arg", "reuse=s1"),
+          init_from="mores-1ib-depth-30-more", sidecar_of="mores-2ib-all-queries", teacher="cross-encoder-three-way",
+          teacher_scoring=DEPTH_100_SCORING, full_only=True),
 )
 MODELS_BY_NAME = {model.name: model for model in MODELS}
 #: BM25 candidates kept per training query, from which unscored negatives are drawn (the deepest draw is 50)

@@ -603,6 +603,33 @@ def test_the_shipped_mores_1ib_is_folded_from_the_shipped_2ib_and_reads_its_side
             "--model-arg reuse=s1 ") in out
 
 
+def test_the_shipped_mores_1ib_ends_on_top_100_groups_of_unseen_queries_against_the_same_sidecar(
+        pipeline, data_dir, tmp_path, capsys):
+    work = tmp_path / "w"
+    out, commands, steps = _dry_run_of(pipeline, data_dir, work, "mores-1ib-depth-100", capsys)
+    models = work / "models"
+    assert "[queries-train14001-16000] 2,000 training queries after the file's first 14,000" in out
+    assert "--rerank-depth 100 --hits 100 " in out.split("[rerank-cross-encoder-three-way-train14001-16000] $ ")[1]
+    assert "--negatives-per-query 99 --depth 100 --teacher-scores" in out.split(
+        "[negatives-cross-encoder-three-way-train14001-16000] $ ")[1].splitlines()[0]
+    next2000 = work / "triples.train.cross-encoder-three-way-train14001-16000.tsv"
+    assert f"--recipe mores-1ib-debian-depth-100 --triples {next2000} " in commands["mores-1ib-depth-100"]
+    assert commands["mores-1ib-depth-100"].endswith(f"--resume --init {models / 'mores-1ib-depth-30-more'}")
+    assert steps.index("train-mores-1ib-depth-30-more") < steps.index("train-mores-1ib-depth-100")
+    assert not {"sidecar-mores-1ib-depth-100"} & set(steps)
+
+
+def test_the_shipped_mores_2ib_ends_on_top_100_groups_against_its_own_sidecar(pipeline, data_dir, tmp_path, capsys):
+    work = tmp_path / "w"
+    out, commands, steps = _dry_run_of(pipeline, data_dir, work, "mores-2ib-depth-100", capsys)
+    next2000 = work / "triples.train.cross-encoder-three-way-train14001-16000.tsv"
+    assert f"--recipe mores-2ib-debian-depth-100 --triples {next2000} " in commands["mores-2ib-depth-100"]
+    assert commands["mores-2ib-depth-100"].endswith(f"--resume --init {work / 'models' / 'mores-2ib-all-queries'}")
+    # trained against the sidecar of the row it starts from, built before it trains, and not built again
+    assert steps.index("sidecar-mores-2ib-all-queries") < steps.index("train-mores-2ib-depth-100")
+    assert "sidecar-mores-2ib-depth-100" not in steps
+
+
 def test_the_shipped_tk_is_the_soup_widened_and_trained_on_the_next_queries(pipeline, data_dir, tmp_path, capsys):
     work, python = tmp_path / "w", sys.executable
     out, commands, steps = _dry_run_of(pipeline, data_dir, work, "tk-wide", capsys)
