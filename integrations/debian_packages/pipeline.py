@@ -271,8 +271,9 @@ MODELS = (
     Model("mores-1ib-depth-30-more", "mores", "mores-1ib-debian-depth-30-more",
           rerank_args=("--model-arg", "reuse=s1"), init_from="mores-1ib-depth-30", sidecar_of="mores-2ib-all-queries",
           teacher="cross-encoder-three-way", teacher_scoring=DEPTH_30_MORE_SCORING, full_only=True),
-    # The shipped debian-mores-2ib and debian-mores-1ib: the two rows above them continued against the same sidecar
-    # on whole BM25 top-100 groups (only what runs online trains, so the 2×IB's sidecar stays both models').
+    # The shipped debian-mores-2ib and debian-mores-1ib: mores-2ib-all-queries and mores-1ib-depth-30-more continued
+    # against the same sidecar on whole BM25 top-100 groups (only what runs online trains, so the 2×IB's sidecar
+    # stays both models').
     Model("mores-2ib-depth-100", "mores", "mores-2ib-debian-depth-100", rerank_args=("--model-arg", "reuse=s1"),
           init_from="mores-2ib-all-queries", sidecar_of="mores-2ib-all-queries", teacher="cross-encoder-three-way",
           teacher_scoring=DEPTH_100_SCORING, full_only=True),
