@@ -211,15 +211,36 @@ class RankingModel(nn.Module):
         return self(query_batch, self.tokenize_documents(documents))
 
     # ---- training ---------------------------------------------------------------------------------------------------
-    def optimizer_groups(self, lr: float, head_lr: float | None = None) -> list[dict]:
+    @property
+    def joint_parameters(self) -> tuple[str, ...]:
+        """Parameter-name prefixes of the layers that read query and document together above layers that read them
+        apart (``--joint-lr`` is theirs); empty for a model without both kinds."""
+        return ()
+
+    def _check_joint_lr(self, joint_lr: float | None) -> None:
+        if joint_lr is not None and not self.joint_parameters:
+            raise ValueError(f"{self.model_type} has no layers that read query and document together above layers "
+                             "that read them apart: --joint-lr applies to PreTTR and MORES")
+
+    def optimizer_groups(self, lr: float, head_lr: float | None = None,
+                         joint_lr: float | None = None) -> list[dict]:
         """Optimiser parameter groups of the trainable parameters: everything at ``lr``, except that with
-        ``head_lr`` the :attr:`new_parameters` form a group of their own at ``head_lr``."""
-        prefixes = self.new_parameters
-        body, head = [], []
+        ``head_lr`` the :attr:`new_parameters` form a group of their own at ``head_lr``, and with ``joint_lr`` the
+        rest of the :attr:`joint_parameters` one at ``joint_lr``."""
+        self._check_joint_lr(joint_lr)
+        new, joint = self.new_parameters, self.joint_parameters
+        body, head, joined = [], [], []
         for name, parameter in self.named_parameters():
-            if parameter.requires_grad:
-                (head if head_lr is not None and prefixes and name.startswith(prefixes) else body).append(parameter)
-        return [{"params": body, "lr": lr}, {"params": head, "lr": head_lr}]
+            if not parameter.requires_grad:
+                continue
+            if head_lr is not None and new and name.startswith(new):
+                head.append(parameter)
+            elif joint_lr is not None and name.startswith(joint):
+                joined.append(parameter)
+            else:
+                body.append(parameter)
+        groups = [{"params": body, "lr": lr}, {"params": head, "lr": head_lr}]
+        return groups + [{"params": joined, "lr": joint_lr}] if joint_lr is not None else groups
 
     # ---- the benchmark ------------------------------------------------------------------------------------------
     def flops(self, query_tokens: int, doc_tokens: int) -> FlopCount:

@@ -390,6 +390,8 @@ class MoresModel(RankingModel):
         "representation": ("document_module.", "query_module."),
     }
     new_parameters = ("interaction_module.head.",)
+    # the interaction blocks read the query against the document states the representation modules wrote apart
+    joint_parameters = ("interaction_module.blocks.",)
     # --freeze-layers N freezes the document module's first N layers (an untied query module still trains whole):
     # training the rest from text, its delta stores only the layers above them
     layer_stack = "document_module.layers."

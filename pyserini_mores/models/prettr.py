@@ -290,6 +290,11 @@ class PreTTRModel(RankingModel):
         return self.config.join_layer
 
     @property
+    def joint_parameters(self) -> tuple[str, ...]:
+        """The shared stack's layers ``l+1..L``: only the joined sequence runs through them."""
+        return tuple(f"{self.layer_stack}{index}." for index in range(self.join_layer, self.num_layers))
+
+    @property
     def num_layers(self) -> int:
         return self.config.encoder.num_hidden_layers
 

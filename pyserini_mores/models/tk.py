@@ -657,8 +657,10 @@ class TKModel(RankingModel):
                 (scoring if name.startswith(self.new_parameters) else contextual).append(parameter)
         return [{"params": contextual, "lr": contextualizer_lr}, {"params": scoring, "lr": scoring_lr}]
 
-    def optimizer_groups(self, lr: float, head_lr: float | None = None) -> list[dict]:
+    def optimizer_groups(self, lr: float, head_lr: float | None = None,
+                         joint_lr: float | None = None) -> list[dict]:
         """:meth:`parameter_groups`: the two groups always, the scoring weights at ``head_lr`` when given."""
+        self._check_joint_lr(joint_lr)
         return self.parameter_groups(contextualizer_lr=lr, scoring_lr=head_lr if head_lr is not None else lr)
 
     # ---- the benchmark ------------------------------------------------------------------------------------------

@@ -121,6 +121,9 @@ def define_train_args(parser: argparse.ArgumentParser) -> None:
     opt.add_argument("--lr", type=float, default=S, help="AdamW learning rate (default 3e-5)")
     opt.add_argument("--head-lr", type=float, default=S, help="learning rate of new layers (score head, PreTTR "
                                                               "compressor, TK kernel weights; default --lr)")
+    opt.add_argument("--joint-lr", type=float, default=S, help="learning rate of the layers reading query and "
+                     "document together above those reading them apart (PreTTR's layers above the join, MORES's "
+                     "interaction blocks; not the head; default --lr)")
     opt.add_argument("--dropout", type=float, default=S, metavar="P",
                      help="every dropout probability while training (0: off; default the model's own, BERT's 0.1)")
     opt.add_argument("--weight-decay", type=float, default=S)

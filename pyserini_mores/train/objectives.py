@@ -232,16 +232,18 @@ def set_dropout(model: nn.Module, probability: float) -> int:
 
 
 def parameter_groups(model: nn.Module, lr: float, head_lr: float | None = None,
-                     weight_decay: float = 0.0) -> list[dict]:
+                     weight_decay: float = 0.0, joint_lr: float | None = None) -> list[dict]:
     """Optimiser parameter groups over the trainable parameters.
 
     ``head_lr`` (when set) is the learning rate of the model's new layers
     (:attr:`~pyserini_mores.models.base.RankingModel.new_parameters`): the score head of MORES/cross-encoder/PreTTR
     (PreTTR P4: 1e-3 for ``W_combine``), TK's kernel-scoring weights (§4.3: 1e-3, ``lr`` then being the
-    embeddings'/contextualiser's 1e-4); the model makes the groups (``optimizer_groups``). Weight decay, when
-    non-zero, skips biases and norms (1-D tensors), as transformers' Trainer does.
+    embeddings'/contextualiser's 1e-4). ``joint_lr`` (when set) is that of the layers reading query and document
+    together above those reading them apart (:attr:`~pyserini_mores.models.base.RankingModel.joint_parameters`:
+    PreTTR's layers ``l+1..L``, MORES's interaction blocks). The model makes the groups (``optimizer_groups``).
+    Weight decay, when non-zero, skips biases and norms (1-D tensors), as transformers' Trainer does.
     """
-    groups = model.optimizer_groups(lr, head_lr)
+    groups = model.optimizer_groups(lr, head_lr, joint_lr)
     if weight_decay:
         split = []
         for group in groups:

@@ -67,9 +67,9 @@ GLOVE_SUFFIXES = (".txt", ".txt.gz")
 DEFAULT_LOSSES = ModelTable(lambda model: model.default_loss)
 #: settings that change the trajectory of a run; --resume refuses to continue with different values
 RESUME_MUST_MATCH = ("model_type", "init", "triples", "loss", "model_args", "train_modules", "batch_size",
-                     "grad_accum", "lr", "head_lr", "dropout", "weight_decay", "warmup_steps", "scheduler", "margin",
-                     "distill_temperature", "negatives_per_example", "batch_negatives", "max_triples", "seed", "bf16",
-                     "precision", "max_grad_norm", "freeze_embeddings", "freeze_layers", "doc_sidecar",
+                     "grad_accum", "lr", "head_lr", "joint_lr", "dropout", "weight_decay", "warmup_steps", "scheduler",
+                     "margin", "distill_temperature", "negatives_per_example", "batch_negatives", "max_triples", "seed",
+                     "bf16", "precision", "max_grad_norm", "freeze_embeddings", "freeze_layers", "doc_sidecar",
                      "hidden_teacher", "hidden_weight")
 
 
@@ -98,6 +98,8 @@ class TrainingSettings:
         max_steps: optimiser steps; ``None`` → ``epochs`` passes over the triples.
         warmup_steps: linear warm-up steps (then ``scheduler``: linear decay to 0, constant, or cosine).
         head_lr: learning rate of new layers (score head, TK kernel weights); ``None`` = ``lr``.
+        joint_lr: learning rate of the layers reading query and document together above those reading them apart
+            (PreTTR's layers above the join, MORES's interaction blocks; not the head); ``None`` = ``lr``.
         precision: ``auto`` (bf16 autocast only where the device runs bf16 natively), ``fp32`` or ``bf16``;
             ``bf16`` (``True``/``False``), when set, overrides it.
         dropout: every dropout probability of the model while it trains (hidden and attention; ``0`` turns dropout
@@ -131,6 +133,7 @@ class TrainingSettings:
     grad_accum: int = 1
     lr: float = 3e-5
     head_lr: float | None = None
+    joint_lr: float | None = None
     dropout: float | None = None
     weight_decay: float = 0.0
     warmup_steps: int = 0
@@ -524,7 +527,8 @@ def _trainable_parameters(model: RankingModel, settings: TrainingSettings) -> li
 def _optimizer_and_schedule(model: RankingModel, settings: TrainingSettings, total_steps: int,
                             checkpoint: Path | None):
     """AdamW and the learning-rate schedule; from a checkpoint, their state and the random state it saved."""
-    groups_for_optimizer = parameter_groups(model, settings.lr, settings.head_lr, settings.weight_decay)
+    groups_for_optimizer = parameter_groups(model, settings.lr, settings.head_lr, settings.weight_decay,
+                                           settings.joint_lr)
     optimizer = torch.optim.AdamW(groups_for_optimizer, lr=settings.lr, weight_decay=settings.weight_decay)
     scheduler = _make_scheduler(optimizer, settings.scheduler, settings.warmup_steps, total_steps)
     if checkpoint is not None:
