@@ -30,8 +30,9 @@ def changed_by_one_step(model, **rates) -> set[str]:
     model.train()
     scores = model(model.tokenize_queries([QUERY] * len(DOCUMENTS)), model.tokenize_documents(DOCUMENTS))
     (scores * torch.tensor([1.0, -1.0, 0.5])).sum().backward()
-    no_gradient = [name for name, parameter in model.named_parameters() if name in trainable(model, "")
-                   and (parameter.grad is None or not parameter.grad.any())]
+    movable = trainable(model, "")
+    no_gradient = [name for name, parameter in model.named_parameters()
+                   if name in movable and (parameter.grad is None or not parameter.grad.any())]
     assert not no_gradient, no_gradient
     before = {name: parameter.detach().clone() for name, parameter in model.named_parameters()}
     optimizer = torch.optim.AdamW(parameter_groups(model, **rates), weight_decay=0.0)
