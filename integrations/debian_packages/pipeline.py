@@ -60,6 +60,7 @@ import json
 import random
 import re
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -116,6 +117,14 @@ class TeacherScoring:
             return f"train{self.queries}"
         return f"train{self.skip + 1}-{self.skip + self.queries}" if self.skip else f"train-first{self.queries}"
 
+    @property
+    def lines(self) -> tuple[int, int] | None:
+        """The training queries' file lines it reranks, ``(first, end)`` counted from 0, when they are a run of
+        consecutive lines (the file's first, or those after a ``skip``); None for all of them or a random subset."""
+        if self.queries is None or self.seed is not None:
+            return None
+        return self.skip, self.skip + self.queries
+
 
 @dataclass(frozen=True)
 class Model:
@@ -170,7 +179,8 @@ ALL_NEGATIVES_SCORING = dataclasses.replace(ALL_QUERIES_SCORING, negatives=15, m
 #: The BM25 top 30 of the first 8,000 training queries, all 29 negatives of each (one of debian-tk's last two stages,
 #: and debian-mores-1ib's first)
 DEPTH_30_SCORING = TeacherScoring(depth=30, negatives=29, negative_depth=30, queries=8000)
-#: The same for the first 14,000 (debian-mores-1ib's second stage)
+#: The same for the first 14,000 (debian-mores-1ib's second stage); its teacher run is the two runs of the first
+#: 8,000 and the next 6,000 joined (Pipeline.join_runs)
 DEPTH_30_MORE_SCORING = dataclasses.replace(DEPTH_30_SCORING, queries=14000)
 #: The same for the 6,000 after the first 8,000 (debian-tk's last stage: queries its ingredients did not see)
 DEPTH_30_NEXT_SCORING = dataclasses.replace(DEPTH_30_SCORING, queries=6000, skip=8000)
@@ -288,6 +298,25 @@ BASELINE = "cross-encoder"
 PRECISION = "auto"  # bf16 where the CPU runs it natively (AMX), fp32 elsewhere: emulated bf16 is many times slower
 
 
+def covering_pieces(made: Iterable[tuple[int, int]], lines: tuple[int, int] | None) -> list[tuple[int, int]]:
+    """Two or more of the line spans ``made`` that follow one another from ``lines``'s first line to its end, or []
+    when none do (``lines`` None: a random subset or all queries, which no pieces cover)."""
+    if lines is None:
+        return []
+    made = [span for span in made if span != lines]
+
+    def from_line(first: int) -> list[tuple[int, int]] | None:
+        if first == lines[1]:
+            return []
+        for span in sorted((span for span in made if span[0] == first and span[1] <= lines[1]), reverse=True):
+            rest = from_line(span[1])  # the longest span first, so that few pieces cover the lines
+            if rest is not None:
+                return [span, *rest]
+        return None
+
+    return from_line(lines[0]) or []
+
+
 @dataclass
 class Pipeline:
     data: Path
@@ -301,6 +330,8 @@ class Pipeline:
     dry_run: bool = False
     steps: StepRunner = field(init=False)
     triples: dict = field(default_factory=dict)  # triples file by its source, once made
+    # The teachers' runs over consecutive lines of the training queries, once made: {(teacher, depth): {lines: run}}
+    line_runs: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.steps = StepRunner(self.work / "pipeline.json", dry_run=self.dry_run, check=check_arguments)
@@ -400,14 +431,33 @@ class Pipeline:
         return fused
 
     def teacher_run(self, teacher: Model, scoring: TeacherScoring, topics: Path) -> Path:
-        """``teacher``'s run over the BM25 top ``scoring.depth`` of ``topics``, every candidate with its score."""
-        self.build_sidecar(teacher)
+        """``teacher``'s run over the BM25 top ``scoring.depth`` of ``topics``, every candidate with its score;
+        joined from its runs over consecutive pieces of those queries when it has reranked them all already."""
         run = self.run_file(teacher.name, scoring.topics)
-        self.run(f"rerank-{teacher.name}-{scoring.topics}", [
-            *PY, "pyserini_mores.search", "--index", self.index, "--topics", topics,
-            *self.model_args(teacher), "--rerank-depth", str(scoring.depth), "--hits", str(scoring.depth),
-            "--precision", PRECISION, "--output", run], done=run)
+        made = self.line_runs.setdefault((teacher.name, scoring.depth), {})
+        pieces = covering_pieces(made, scoring.lines)
+        if pieces:
+            self.join_runs(f"join-{teacher.name}-{scoring.topics}", [made[piece] for piece in pieces], run)
+        else:
+            self.build_sidecar(teacher)
+            self.run(f"rerank-{teacher.name}-{scoring.topics}", [
+                *PY, "pyserini_mores.search", "--index", self.index, "--topics", topics,
+                *self.model_args(teacher), "--rerank-depth", str(scoring.depth), "--hits", str(scoring.depth),
+                "--precision", PRECISION, "--output", run], done=run)
+        if scoring.lines is not None:
+            made[scoring.lines] = run
         return run
+
+    def join_runs(self, step: str, pieces: list[Path], run: Path) -> None:
+        """``run`` written as ``pieces`` one after the other: a teacher's runs over consecutive pieces of the same
+        queries at the same depth, whose scores reranking them all at once would only compute again (each query's
+        candidates are scored apart from other queries'). Not a journaled step: a pure function of the pieces,
+        rewritten only when its text would change, so the steps that read it are not redone."""
+        print(f"[{step}] {', '.join(piece.name for piece in pieces)} joined, not reranked again: {run}")
+        if not self.dry_run:
+            text = "".join(piece.read_text(encoding="utf-8") for piece in pieces)
+            if not run.is_file() or run.read_text(encoding="utf-8") != text:
+                write_text_atomic(run, text)
 
     def training_topics(self, scoring: TeacherScoring) -> Path:
         """The training queries a teacher reranks: all of them, or ``scoring.queries`` of them (drawn at random with

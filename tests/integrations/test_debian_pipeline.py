@@ -656,3 +656,47 @@ def test_skipped_training_queries_are_the_next_lines_of_the_file(pipeline, tmp_p
     with pytest.raises(ValueError, match="skip counts lines of the training queries' file: give it with queries and "
                                          "no seed"):
         pipeline.TeacherScoring(queries=3, skip=4, seed=1)
+
+
+def test_pieces_cover_lines_only_when_they_follow_one_another_to_the_end(pipeline):
+    cover = pipeline.covering_pieces
+    assert cover([(0, 8000), (8000, 14000)], (0, 14000)) == [(0, 8000), (8000, 14000)]
+    assert cover([(0, 5), (0, 3), (3, 10)], (0, 10)) == [(0, 3), (3, 10)]  # the longest start leads nowhere
+    assert cover([(0, 8000), (8000, 14000)], (0, 13000)) == []  # the last piece runs past the end
+    assert cover([(0, 8000), (9000, 14000)], (0, 14000)) == []  # a gap
+    assert cover([(0, 14000)], (0, 14000)) == []  # the same lines: the run itself, not a join
+    assert cover([(0, 8000), (8000, 14000)], None) == []  # a random subset or all queries
+
+
+def test_a_teachers_run_over_queries_it_reranked_in_pieces_is_joined_not_reranked(pipeline, data_dir, tmp_path,
+                                                                                  monkeypatch, capsys):
+    made, ran = _pipeline_recording_commands(pipeline, data_dir, tmp_path, monkeypatch)
+    teacher = pipeline.MODELS_BY_NAME["cross-encoder-three-way"]
+    first, second = (pipeline.TeacherScoring(depth=30, queries=2), pipeline.TeacherScoring(depth=30, queries=1, skip=2))
+    for scoring, text in ((first, "q1 Q0 d1 1 9.5 t\nq2 Q0 d2 1 8.0 t\n"), (second, "q3 Q0 d3 1 7.25 t\n")):
+        run = made.run_file(teacher.name, scoring.topics)
+        run.parent.mkdir(exist_ok=True)
+        run.write_text(text)  # as the reranking step would have written it
+        made.teacher_run(teacher, scoring, tmp_path / "topics.tsv")
+    reranked = len(ran)
+    joined = made.teacher_run(teacher, pipeline.TeacherScoring(depth=30, queries=3), tmp_path / "topics.tsv")
+    assert len(ran) == reranked and joined == made.run_file(teacher.name, "train-first3")
+    assert joined.read_text() == "q1 Q0 d1 1 9.5 t\nq2 Q0 d2 1 8.0 t\nq3 Q0 d3 1 7.25 t\n"
+    assert (f"[join-cross-encoder-three-way-train-first3] cross-encoder-three-way.train-first2.trec, "
+            f"cross-encoder-three-way.train3-3.trec joined, not reranked again: {joined}") in capsys.readouterr().out
+    # at another depth the pieces are other candidates: reranked (into the same file name, so the join goes first)
+    joined.unlink()
+    made.teacher_run(teacher, pipeline.TeacherScoring(depth=16, queries=3), tmp_path / "topics.tsv")
+    assert len(ran) == reranked + 1 and ran[-1][ran[-1].index("--rerank-depth") + 1] == "16"
+
+
+def test_the_full_schedules_first_14000_teacher_run_joins_the_first_8000_and_the_next_6000(pipeline, data_dir,
+                                                                                          tmp_path, capsys):
+    work = tmp_path / "w"
+    pipeline.main(["--data", str(data_dir), "--work", str(work), "--dry-run", "--full"])
+    out = capsys.readouterr().out
+    assert "rerank-cross-encoder-three-way-train-first14000" not in _steps(out)
+    runs = work / "runs"
+    assert (f"[join-cross-encoder-three-way-train-first14000] cross-encoder-three-way.train-first8000.trec, "
+            f"cross-encoder-three-way.train8001-14000.trec joined, not reranked again: "
+            f"{runs / 'cross-encoder-three-way.train-first14000.trec'}") in out
