@@ -298,6 +298,13 @@ BASELINE = "cross-encoder"
 PRECISION = "auto"  # bf16 where the CPU runs it natively (AMX), fp32 elsewhere: emulated bf16 is many times slower
 
 
+def write_if_changed(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically unless it holds that text already: an unchanged file keeps its time,
+    so the steps that read it are not redone."""
+    if not path.is_file() or path.read_text(encoding="utf-8") != text:
+        write_text_atomic(path, text)
+
+
 def covering_pieces(made: Iterable[tuple[int, int]], lines: tuple[int, int] | None) -> list[tuple[int, int]]:
     """Two or more of the line spans ``made`` that follow one another from ``lines``'s first line to its end, or []
     when none do (``lines`` None: a random subset or all queries, which no pieces cover)."""
@@ -456,8 +463,7 @@ class Pipeline:
         print(f"[{step}] {', '.join(piece.name for piece in pieces)} joined, not reranked again: {run}")
         if not self.dry_run:
             text = "".join(piece.read_text(encoding="utf-8") for piece in pieces)
-            if not run.is_file() or run.read_text(encoding="utf-8") != text:
-                write_text_atomic(run, text)
+            write_if_changed(run, text)
 
     def training_topics(self, scoring: TeacherScoring) -> Path:
         """The training queries a teacher reranks: all of them, or ``scoring.queries`` of them (drawn at random with
@@ -477,8 +483,7 @@ class Pipeline:
                 random.Random(scoring.seed).shuffle(lines)
             chosen_lines = lines[scoring.skip:scoring.skip + scoring.queries]
             text = "".join(line if line.endswith("\n") else line + "\n" for line in chosen_lines)
-            if not path.is_file() or path.read_text(encoding="utf-8") != text:
-                write_text_atomic(path, text)
+            write_if_changed(path, text)
         return path
 
     def pretrain_compressor(self, start: str | None) -> None:
