@@ -2,10 +2,10 @@
 
 The journal (a JSON file in the pipeline's working directory) holds, per finished step, its seconds, finish time,
 command and, when asked for, its standard output. A re-run skips journaled steps, so a killed pipeline continues
-where it stopped (training and sidecar builds also resume from inside an interrupted step), and refuses to skip a
-step whose command has changed since: its outputs are those of the old command, and a results table would silently
-mix the two. A step that fails or is killed (non-zero exit) is not journaled, and the journal is replaced atomically,
-so a kill never leaves it half-written.
+where it stopped (training, sidecar builds and searches with ``--output`` also resume from inside an interrupted
+step), and refuses to skip a step whose command has changed since: its outputs are those of the old command, and a
+results table would silently mix the two. A step that fails or is killed (non-zero exit) is not journaled, and the
+journal is replaced atomically, so a kill never leaves it half-written.
 
 Outputs made before a pipeline kept a journal are adopted: a step that declares ``outputs`` is recorded as done when
 they all exist (and none is older than the step's ``inputs``). A journaled step whose outputs have become older

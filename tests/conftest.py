@@ -7,6 +7,14 @@ from pathlib import Path
 import pytest
 
 RESOURCES = Path(__file__).parent / "resources"
+# Queries with many, few and no BM25 hits on the tiny collection, so that rerank depths differ from query to query.
+QUERIES = {
+    "q1": "text editor", "q2": "web server reverse proxy", "q3": "python scientific arrays",
+    "q4": "database engine in a single file", "q5": "package manager", "q6": "kernel memory processes",
+    "q7": "the of and", "q8": "linux", "q9": "programming language with dynamic typing", "q10": "extensible lisp",
+    "q11": "compression", "q12": "version control system", "q13": "install upgrade remove packages",
+    "q14": "hardware", "q15": "configurable text", "q16": "an interpreter at its core",
+}
 #: the models package built from this repository (what the README's set-up installs beside the package): its
 #: source directory, and the directory of the models it ships
 MODELS_PACKAGE_SOURCE = Path(__file__).resolve().parents[1] / "pyserini-mores-models"

@@ -8,22 +8,23 @@ arguments it runs the embedded default: an offline slice of debian-packages ship
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import logging
 import statistics
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-
-from tqdm import tqdm
 
 from .._cli import command_parser, define_model_args, parse_model_args, run_command
 from .._jvm import import_pyserini
 from ..eval.metrics import evaluate, format_metrics_table
 from ..formats import RUN_FORMATS, read_qrels, read_topics, results_to_run, write_run
-from ..index import fetch_texts
+from ..index import fetch_texts, index_identity
 from ..precision import resolve_device
-from ..types import RerankedHit, RerankStats, hits_to_texts, texts_to_hits
 from .first_stage import DENSE_FIRST_STAGES, FIRST_STAGES
+from .partial import PartialSearch
+from .topic_search import TopicSearch, search_topics
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +33,10 @@ def define_search_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--index", help="Lucene index directory or Pyserini prebuilt index name "
                                           "(default: the embedded sample)")
     parser.add_argument("--topics", help="topics: a `qid<TAB>text` TSV file or a Pyserini topics name")
-    parser.add_argument("--output", help="run file to write (default: printed summary only for the sample)")
+    parser.add_argument("--output", help="run file to write (default: printed summary only for the sample); an "
+                        "interrupted search resumes from FILE.partial when the same command runs again")
+    parser.add_argument("--restart", action="store_true",
+                        help="with --output: discard an interrupted search (FILE.partial) instead of resuming it")
     parser.add_argument("--output-format", choices=["trec", "msmarco"], default="trec")
     parser.add_argument("--hits", type=int, default=1000, help="hits per query in the run")
     parser.add_argument("--bm25", action="store_true",
@@ -107,6 +111,8 @@ def run_search(args: argparse.Namespace) -> int:
     first_stage = first_stage_of(args)  # contradictory flags fail before the sample, index or model loads
     if args.time_budget_ms is not None and not args.time_budget_ms >= 0:
         raise ValueError("--time-budget-ms must be >= 0")
+    if args.restart and not args.output:
+        raise ValueError("--restart discards an interrupted search's FILE.partial: it goes with --output FILE")
     inputs = resolve_inputs(args)
     searcher = open_searcher(args, inputs, first_stage)
     print(f"Index: {searcher.index.path} ({searcher.num_docs} documents), first stage: "
@@ -121,11 +127,47 @@ def run_search(args: argparse.Namespace) -> int:
     if args.run:
         candidates = searcher.run_first_stage(args.run, inputs.topics, k=args.hits, run_format=args.run_format,
                                               skip_unknown_docids=args.skip_unknown_docids)
-    searched = search_topics(searcher, inputs.topics, hits=args.hits, batch_size=args.batch_size,
-                             threads=args.threads, keep_bm25=inputs.qrels is not None, candidates=candidates)
+    partial, found = None, None
+    if args.output:
+        partial, found = PartialSearch.open(args.output, search_identity(args, searcher, inputs), list(inputs.topics),
+                                            restart=args.restart)
+        if found.results:
+            print(f"Resuming the interrupted search in {partial.directory}: {len(found.results)} of "
+                  f"{len(inputs.topics)} queries already searched")
+    try:
+        searched = search_topics(searcher, inputs.topics, hits=args.hits, batch_size=args.batch_size,
+                                 threads=args.threads, keep_bm25=inputs.qrels is not None, candidates=candidates,
+                                 found=found, after_query=partial.add if partial else None)
+    finally:
+        if partial is not None:  # an error or Ctrl-C keeps every query finished so far
+            partial.write_chunk()
     report_search(args, searcher, inputs, searched, first_stage)
+    if partial is not None:
+        partial.discard()  # the run file is written
     searcher.close()
     return 0
+
+
+# Arguments that do not change the run's lines, and the paths whose contents the identity holds instead
+RESULT_FREE_ARGUMENTS = frozenset({"output", "restart", "qrels", "examples", "verbose", "batch_size", "threads",
+                                   "recalibrate", "max_queries", "index", "topics", "model", "run"})
+
+
+def search_identity(args: argparse.Namespace, searcher, inputs: SearchInputs) -> dict:
+    """What decides a search's run, which an interrupted search must share to be resumed: the other arguments, the
+    topics, the index, the reranker with the precision and device it resolved to, the model's weights and tokenizer,
+    and the candidates of ``--run``."""
+    identity = {"arguments": {name: value for name, value in vars(args).items() if name not in RESULT_FREE_ARGUMENTS},
+                "topics": hashlib.sha256(json.dumps(list(inputs.topics.items())).encode()).hexdigest(),
+                "index": index_identity(searcher.searcher), "reranker": describe_reranker(searcher.reranker),
+                # with qrels the partial search keeps the first stage's hits too, to evaluate them on every query
+                "evaluated (qrels)": inputs.qrels is not None}
+    fingerprint = getattr(getattr(searcher.reranker, "model", None), "fingerprint", None)
+    if callable(fingerprint):
+        identity["model"] = fingerprint()
+    if args.run:
+        identity["run"] = hashlib.sha256(Path(args.run).read_bytes()).hexdigest()
+    return identity
 
 
 @dataclass
@@ -283,41 +325,6 @@ def describe_first_stage(searcher, run: str | None) -> str:
         described += (f" + RM3 fb_terms={rm3.fb_terms} fb_docs={rm3.fb_docs} "
                       f"original_query_weight={rm3.original_query_weight}")
     return described
-
-
-@dataclass
-class TopicSearch:
-    """What :func:`search_topics` found, by qid in the topics' order: the reranked hits, what the rerank stage did,
-    and (when kept) BM25's own top hits."""
-
-    results: dict[str, list[RerankedHit]] = field(default_factory=dict)
-    stats: dict[str, RerankStats] = field(default_factory=dict)
-    bm25: dict[str, list[RerankedHit]] = field(default_factory=dict)
-
-
-def search_topics(searcher, topics: dict[str, str], *, hits: int = 1000, batch_size: int = 16, threads: int = 1,
-                  keep_bm25: bool = False, progress: bool = True,
-                  candidates: dict[str, list] | None = None) -> TopicSearch:
-    """The top ``hits`` of every topic (qid → text) with ``searcher``: its first stage for ``batch_size`` queries at
-    a time on ``threads`` threads (or the given ``candidates``, qid → hits, e.g. from a run), then each query
-    reranked in turn (so that its rerank time is its own). ``keep_bm25`` also keeps the first stage's top ``hits``,
-    e.g. to evaluate both."""
-    qids = list(topics)
-    found = TopicSearch()
-    bar = tqdm(total=len(qids), unit="query", desc="search", disable=not progress)
-    for start in range(0, len(qids), batch_size):
-        batch = qids[start:start + batch_size]
-        batch_candidates = candidates if candidates is not None else \
-            searcher.first_stage([topics[qid] for qid in batch], batch, k=hits, threads=threads)
-        for qid in batch:
-            first_stage = list(batch_candidates.get(qid, []))
-            if keep_bm25:
-                found.bm25[qid] = texts_to_hits(hits_to_texts(first_stage[:hits]))
-            ranked, found.stats[qid] = searcher.rerank_hits(topics[qid], first_stage)
-            found.results[qid] = ranked[:hits]
-            bar.update(1)
-    bar.close()
-    return found
 
 
 def load_topics(spec: str) -> dict[str, str]:

@@ -12,19 +12,11 @@ from pyserini_mores.search import RerankingSearcher, RerankStats
 from pyserini_mores.search.__main__ import main as search_main
 from pyserini_mores.search.calibration import Calibration
 
-from conftest import RESOURCES
+from conftest import QUERIES, RESOURCES
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 TOPICS = RESOURCES / "tiny_topics.tsv"
-# Queries with many, few and no BM25 hits on the 20-document collection, so that depths differ from query to query.
-QUERIES = {
-    "q1": "text editor", "q2": "web server reverse proxy", "q3": "python scientific arrays",
-    "q4": "database engine in a single file", "q5": "package manager", "q6": "kernel memory processes",
-    "q7": "the of and", "q8": "linux", "q9": "programming language with dynamic typing", "q10": "extensible lisp",
-    "q11": "compression", "q12": "version control system", "q13": "install upgrade remove packages",
-    "q14": "hardware", "q15": "configurable text", "q16": "an interpreter at its core",
-}
 SEARCHERS = {
     # depth = every BM25 hit, so a depth reported for the wrong query shows
     "sidecar": {"rerank_depth": 20},
