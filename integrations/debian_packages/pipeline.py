@@ -696,7 +696,9 @@ def with_prerequisites(models: list[Model]) -> list[Model]:
 
 
 def _summary_seconds(summary: Path) -> float:
-    return float(json.loads(summary.read_text()).get("seconds", 0.0))
+    """A finished training's wall time: over all its invocations when its summary counts them."""
+    values = json.loads(summary.read_text())
+    return float(values.get("total_seconds") or values.get("seconds", 0.0))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -290,7 +290,9 @@ def run_train(args: argparse.Namespace) -> None:
     result = train(settings, resume=args.resume, progress=not args.quiet)
     print(f"saved {settings.model_type} to {result.output} after {result.global_step}/{result.total_steps} steps "
           f"in {result.seconds:.0f} s ({result.pairs_per_second:.1f} pairs/s)"
-          + (f"; resumed from step {result.resumed_from}" if result.resumed_from is not None else ""))
+          + (f"; resumed from step {result.resumed_from}" if result.resumed_from is not None else "")
+          + (f" ({result.total_seconds:.0f} s in all its runs)"
+             if result.resumed_from is not None and result.total_seconds is not None else ""))
     if result.best_step is not None:
         print(f"best dev MRR@10 {result.best_metric:.4f} at step {result.best_step}"
               + (" (stopped early)" if result.stopped_early else ""))

@@ -251,10 +251,13 @@ class TrainerState:
     evaluations_without_improvement: int = 0
     stopped_early: bool = False
     log_history: list[dict] = field(default_factory=list)
+    # wall seconds from the run's start to this state, summed over the invocations a resumed run took (what each
+    # did after its last checkpoint is redone, and not counted); None: resumed from a checkpoint that did not count
+    trained_seconds: float | None = 0.0
 
     @classmethod
     def load(cls, path: Path) -> "TrainerState":
-        values = json.loads(path.read_text())
+        values = {"trained_seconds": None, **json.loads(path.read_text())}
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{key: value for key, value in values.items() if key in known})
 
@@ -271,7 +274,8 @@ class TrainingResult:
     best_step: int | None
     best_metric: float | None
     stopped_early: bool
-    seconds: float
+    seconds: float  # this invocation's wall time
+    total_seconds: float | None  # the run's, over every invocation (:attr:`TrainerState.trained_seconds`)
     pairs_per_second: float
     log_history: list[dict]
 
@@ -462,10 +466,11 @@ def train(
     collate, objective = _collator_and_objective(model, settings, groups, device)
     run = _Run(settings=settings, output=output, model=model, state=state, optimizer=optimizer, scheduler=scheduler,
                groups=groups, collate=collate, objective=objective, order=_EpochOrder(len(groups), settings.seed),
-               steps_per_epoch=steps_per_epoch, total_steps=total_steps, device=device, bf16=bf16)
+               steps_per_epoch=steps_per_epoch, total_steps=total_steps, device=device, bf16=bf16,
+               started=started, seconds_before=state.trained_seconds)
     resumed_from = state.global_step if checkpoint is not None else None
     _run_steps(run, evaluator, on_step_end, progress)
-    return _save_result(run, resumed_from, started)
+    return _save_result(run, resumed_from)
 
 
 # --------------------------------------------------------------------------------------------------- its steps
@@ -577,12 +582,22 @@ class _Run:
     total_steps: int
     device: torch.device
     bf16: bool
+    started: float = 0.0  # this invocation's start (time.perf_counter)
+    seconds_before: float | None = 0.0  # the run's wall seconds before it, from the checkpoint it resumed from
     pairs_done: int = 0  # scored (query, passage) pairs and time in optimiser steps only
     step_seconds: float = 0.0
 
     @property
     def last_lr(self) -> float:
         return self.scheduler.get_last_lr()[0]
+
+    @property
+    def seconds(self) -> float:
+        return time.perf_counter() - self.started
+
+    def total_seconds(self, seconds: float) -> float | None:
+        """The run's wall seconds, over every invocation, once this one has taken ``seconds``."""
+        return None if self.seconds_before is None else self.seconds_before + seconds
 
 
 def _run_steps(run: _Run, evaluator, on_step_end, progress: bool) -> None:
@@ -610,6 +625,7 @@ def _run_steps(run: _Run, evaluator, on_step_end, progress: bool) -> None:
                     state.global_step % settings.eval_every == 0 or done):
                 _evaluate(run.model, evaluator, state, settings, run.output)
             if state.global_step % settings.save_steps == 0 or done or state.stopped_early:
+                state.trained_seconds = run.total_seconds(run.seconds)
                 save_checkpoint(run.output, run.model, run.optimizer, run.scheduler, state, settings.save_total_limit)
             if on_step_end is not None:
                 on_step_end(state, run.model)
@@ -663,9 +679,9 @@ def _log_loss(run: _Run, mean_losses: dict[str, float]) -> None:
                 f" ({details})" if details else "", run.last_lr)
 
 
-def _save_result(run: _Run, resumed_from: int | None, started: float) -> TrainingResult:
+def _save_result(run: _Run, resumed_from: int | None) -> TrainingResult:
     """Put the best (dev) or final model in ``output``, write ``training_summary.json``, return the result."""
-    output, state = run.output, run.state
+    output, state, seconds = run.output, run.state, run.seconds
     best_dir = output / CHECKPOINTS_DIR / BEST_DIR
     if state.best_step is not None and best_dir.is_dir():
         _export_model(best_dir, output)
@@ -676,7 +692,7 @@ def _save_result(run: _Run, resumed_from: int | None, started: float) -> Trainin
     result = TrainingResult(
         output=str(output), model=final_model, global_step=state.global_step, total_steps=run.total_steps,
         resumed_from=resumed_from, best_step=state.best_step, best_metric=state.best_metric,
-        stopped_early=state.stopped_early, seconds=time.perf_counter() - started,
+        stopped_early=state.stopped_early, seconds=seconds, total_seconds=run.total_seconds(seconds),
         pairs_per_second=run.pairs_done / run.step_seconds if run.step_seconds > 0 else 0.0,
         log_history=state.log_history,
     )

@@ -700,3 +700,13 @@ def test_the_full_schedules_first_14000_teacher_run_joins_the_first_8000_and_the
     assert (f"[join-cross-encoder-three-way-train-first14000] cross-encoder-three-way.train-first8000.trec, "
             f"cross-encoder-three-way.train8001-14000.trec joined, not reranked again: "
             f"{runs / 'cross-encoder-three-way.train-first14000.trec'}") in out
+
+
+def test_a_training_found_finished_counts_the_time_of_all_its_invocations(pipeline, tmp_path):
+    summary = tmp_path / "training_summary.json"
+    summary.write_text(json.dumps({"seconds": 120.0, "total_seconds": 3000.0}))  # resumed after 2,880 s
+    assert pipeline._summary_seconds(summary) == 3000.0
+    summary.write_text(json.dumps({"seconds": 120.0, "total_seconds": None}))  # resumed from an older checkpoint
+    assert pipeline._summary_seconds(summary) == 120.0
+    summary.write_text(json.dumps({"seconds": 120.0}))  # written before summaries counted them
+    assert pipeline._summary_seconds(summary) == 120.0

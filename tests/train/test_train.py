@@ -26,7 +26,7 @@ from pyserini_mores.train.data import (
 )
 from pyserini_mores.train.objectives import mean_loss, select_trainable, set_dropout
 from pyserini_mores.train.recipes import merge_settings, read_recipe, recipe_names
-from pyserini_mores.train.trainer import TrainingSettings, last_checkpoint, train
+from pyserini_mores.train.trainer import TrainerState, TrainingSettings, last_checkpoint, train
 
 from conftest import RESOURCES
 
@@ -457,14 +457,28 @@ def test_a_killed_run_resumes_to_the_same_weights(init_dirs, triples_path, tmp_p
     assert last_checkpoint(interrupted.output).name == "checkpoint-3"
     with pytest.raises(ValueError, match="--resume"):  # a fresh start never mixes with an earlier run's checkpoints
         train(interrupted, progress=False)
+    before = json.loads((last_checkpoint(interrupted.output) / "trainer_state.json").read_text())["trained_seconds"]
     resumed = train(interrupted, resume=True, progress=False)
     assert (resumed.resumed_from, resumed.global_step) == (3, 7)
+    assert uninterrupted.total_seconds == uninterrupted.seconds
+    assert before > 0 and resumed.total_seconds == before + resumed.seconds, "the run's time sums its invocations'"
+    summary = json.loads((Path(interrupted.output) / "training_summary.json").read_text())
+    assert (summary["seconds"], summary["total_seconds"]) == (resumed.seconds, resumed.total_seconds)
     expected = uninterrupted.model.state_dict()
     for name, tensor in resumed.model.state_dict().items():
         assert torch.equal(tensor, expected[name]), name
     with pytest.raises(ValueError, match="lr"):  # resuming with other settings is refused
         train(_settings(tmp_path / "b", "mores", init, triples_path, **{**common, "lr": 5e-4}), resume=True,
               progress=False)
+
+
+def test_a_checkpoint_that_did_not_count_its_seconds_leaves_the_runs_total_unknown(tmp_path):
+    path = tmp_path / "trainer_state.json"
+    path.write_text(json.dumps({"global_step": 3, "trained_seconds": 12.5}))
+    assert TrainerState.load(path).trained_seconds == 12.5
+    path.write_text(json.dumps({"global_step": 3}))  # written before the state counted them
+    assert TrainerState.load(path).trained_seconds is None
+    assert TrainerState().trained_seconds == 0.0, "a fresh run starts from nothing"
 
 
 def test_output_directory_loads_with_load_model_and_scores_like_the_trained_model(init_dirs, triples_path,
