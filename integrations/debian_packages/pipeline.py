@@ -490,7 +490,8 @@ class Pipeline:
         output = self.model_dir("prettr-compressor")
         self.run("compressor", [*PY, "pyserini_mores.train", "pretrain-compressor",
                                 "--recipe", "prettr-compressor-debian", "--texts", self.data / "collection.tsv",
-                                "--output", output, *(["--init", self.model_dir(start)] if start else [])],
+                                "--output", output, "--resume",
+                                *(["--init", self.model_dir(start)] if start else [])],
                  done=output / "compressor_pretraining.json", seconds_from=_summary_seconds)
 
     def steps_override(self, model: Model) -> int | None:

@@ -221,7 +221,7 @@ def _train_commands(options: argparse.Namespace, layout: Layout) -> list[Command
             compressor = layout.model(f"{name}-compressor")
             commands.append(Command("train", f"train-{name}-compressor", [
                 "python", "-m", "pyserini_mores.train", "pretrain-compressor", "--recipe", options.compressor_recipe,
-                "--texts", str(triples), "--output", str(compressor), *device,
+                "--texts", str(triples), "--output", str(compressor), "--resume", *device,
             ], [compressor / "model.safetensors"], [triples]))
             init, inputs = ["--init", str(compressor)], inputs + [compressor / "model.safetensors"]
         elif spec.glove:

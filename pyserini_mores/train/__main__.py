@@ -178,6 +178,8 @@ def define_compressor_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", choices=PRECISION_CHOICES, default=S)
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=S)
     parser.add_argument("--device", default=S, help="cpu, cuda, ... (default: cuda when available)")
+    parser.add_argument("--save-steps", type=int, default=S, help="checkpoint every N steps (default 500)")
+    parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --output")
     parser.add_argument("--quiet", action="store_true")
 
 
@@ -304,14 +306,15 @@ def run_compressor(args: argparse.Namespace) -> None:
     from .compressor import pretrain_compressor
     from .recipes import merge_settings
 
-    values = merge_settings("pretrain-compressor", args.recipe, _given(args, ("command", "recipe", "quiet")))
+    values = merge_settings("pretrain-compressor", args.recipe,
+                            _given(args, ("command", "recipe", "quiet", "resume")))
     missing = [name for name in ("init", "texts") if values.get(name) is None]
     if missing:
         raise SystemExit(f"error: pretrain-compressor needs {', '.join('--' + m for m in missing)}")
     if values.get("queries") is not None:
         values["queries"] = list(read_topics(values["queries"]).values())
     init, texts, output = values.pop("init"), values.pop("texts"), values.pop("output")
-    result = pretrain_compressor(init, texts, output, progress=not args.quiet, **values)
+    result = pretrain_compressor(init, texts, output, resume=args.resume, progress=not args.quiet, **values)
     print(f"attention MSE on {result.heldout_pairs} held-out pairs: before {result.loss_before:.6g}, "
           f"after {result.loss_after:.6g} ({result.steps} steps, {result.seconds:.0f} s; "
           f"l={result.join_layer}, e={result.compression_dim})")

@@ -4,11 +4,13 @@ minimising the MSE between the attention probabilities of layers ``l+1..L`` with
 compressor), on unlabelled (query, passage) pairs (:func:`.data.compressor_pairs`).
 
 The loss is reported on a fixed held-out set of pairs before and after training, so the gain of the pre-trained
-compressor over the untrained one is measured on pairs it never saw.
+compressor over the untrained one is measured on pairs it never saw. Checkpoints (``output/checkpoints``, as
+:func:`.trainer.save_checkpoint` writes them) let an interrupted run resume to the weights of an uninterrupted one.
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -22,11 +24,22 @@ from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 from .data import compressor_pairs
-from .trainer import progress_interval, seed_everything, training_precision
+from .trainer import (
+    STATE_NAME,
+    TrainerState,
+    checkpoint_dirs,
+    last_checkpoint,
+    progress_interval,
+    restore_checkpoint_state,
+    save_checkpoint,
+    seed_everything,
+    training_precision,
+)
 
 logger = logging.getLogger(__name__)
 
 SUMMARY_NAME = "compressor_pretraining.json"
+ARGS_NAME = "compressor_args.json"  # the settings of the run in an output directory, which a resume must share
 
 
 @dataclass
@@ -39,7 +52,8 @@ class CompressorResult:
     steps: int
     train_pairs: int
     heldout_pairs: int
-    seconds: float
+    seconds: float  # this invocation's wall time
+    total_seconds: float | None  # the run's, over every invocation (None: resumed from a checkpoint without it)
     join_layer: int
     compression_dim: int
 
@@ -127,19 +141,29 @@ def pretrain_compressor(
     bf16: bool | None = None,
     precision: str = "auto",
     device: str | None = None,
+    save_steps: int = 500,
+    resume: bool = False,
     progress: bool = True,
 ) -> CompressorResult:
     """Pre-train the compressor of a PreTTR model and ``save_pretrained`` it (whole model) to ``output``.
 
     Every weight outside the compressor keeps its value (only the compressor's parameters reach the optimiser).
     Steps cycle through the training pairs in a seeded order (``steps × batch_size`` pairs in all; the paper
-    converged by 2M pairs).
+    converged by 2M pairs). A checkpoint is written every ``save_steps``; ``resume`` continues from the last one
+    (the settings must be the interrupted run's).
     """
     started = time.perf_counter()
-    if steps < 1 or batch_size < 1:
-        raise ValueError("steps and batch_size must be at least 1")
+    if steps < 1 or batch_size < 1 or save_steps < 1:
+        raise ValueError("steps, batch_size and save_steps must be at least 1")
+    output = Path(output)
+    settings = {"init": str(init), "texts": str(texts), "model_args": dict(model_args or {}),
+                "queries": None if queries is None else hashlib.sha256(json.dumps(list(queries)).encode()).hexdigest(),
+                "steps": steps, "batch_size": batch_size, "lr": lr, "warmup_steps": warmup_steps,
+                "heldout_pairs": heldout_pairs, "max_pairs": max_pairs, "seed": seed}
+    checkpoint = _start_or_resume(output, settings, resume)
     seed_everything(seed)
-    model = load_prettr_for_compressor(init, model_args)
+    model = load_prettr_for_compressor(init, model_args) if checkpoint is None else \
+        load_prettr_for_compressor(checkpoint)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model.to(device)
     bf16 = training_precision(bf16, precision, device) == "bf16"
@@ -147,23 +171,55 @@ def pretrain_compressor(
     trainable = model.freeze_all_but_compressor()
     optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=0.0)
     scheduler = get_scheduler("constant_with_warmup", optimizer, num_warmup_steps=warmup_steps)
-    loss_before = heldout_attention_mse(model, heldout, batch_size)  # fp32: the reported number
+    if checkpoint is None:
+        state = TrainerState()
+        # fp32: the reported number, of the compressor before any step (kept, so that a resumed run reports it too)
+        state.log_history.append({"step": 0, "heldout_mse": heldout_attention_mse(model, heldout, batch_size)})
+    else:
+        state = TrainerState.load(checkpoint / STATE_NAME)
+        restore_checkpoint_state(checkpoint, optimizer, scheduler)
+        logger.info("resuming from %s (step %d of %d)", checkpoint, state.global_step, steps)
+    loss_before, seconds_before = state.log_history[0]["heldout_mse"], state.trained_seconds
     logger.info("held-out attention MSE before: %.6g (%d pairs)", loss_before, len(heldout))
-    _train_compressor(model, train_pairs, optimizer, scheduler, steps=steps, batch_size=batch_size, seed=seed,
-                      bf16=bf16, progress=progress)
+    _train_compressor(model, train_pairs, optimizer, scheduler, state, output, steps=steps, batch_size=batch_size,
+                      seed=seed, bf16=bf16, save_steps=save_steps, started=started, progress=progress)
     loss_after = heldout_attention_mse(model, heldout, batch_size)
     logger.info("held-out attention MSE after: %.6g", loss_after)
     for parameter in model.parameters():
         parameter.requires_grad_(True)
-    output = Path(output)
     model.eval().save_pretrained(output)
+    seconds = time.perf_counter() - started
     result = CompressorResult(
         output=str(output), loss_before=loss_before, loss_after=loss_after, steps=steps,
-        train_pairs=len(train_pairs), heldout_pairs=len(heldout), seconds=time.perf_counter() - started,
+        train_pairs=len(train_pairs), heldout_pairs=len(heldout), seconds=seconds,
+        total_seconds=None if seconds_before is None else seconds_before + seconds,
         join_layer=model.join_layer, compression_dim=model.config.compression_dim,
     )
     (output / SUMMARY_NAME).write_text(json.dumps(asdict(result), indent=2) + "\n")
     return result
+
+
+def _start_or_resume(output: Path, settings: dict, resume: bool) -> Path | None:
+    """Create ``output`` and return the checkpoint to resume from (``None``: a fresh start, whose settings are
+    written down); refuses to mix runs (an earlier run's checkpoints, or a resume with other settings)."""
+    output.mkdir(parents=True, exist_ok=True)
+    checkpoint = last_checkpoint(output) if resume else None
+    if checkpoint is not None:
+        saved = json.loads((output / ARGS_NAME).read_text())
+        current = json.loads(json.dumps(settings))  # as saved: tuples become lists
+        differing = [name for name in current if saved.get(name) != current[name]]
+        if differing:
+            details = ", ".join(f"{name}: {saved.get(name)!r} → {current[name]!r}" for name in differing)
+            raise ValueError(f"--resume with settings that differ from the interrupted run ({details}); use a new "
+                             "--output, or the original settings")
+        return checkpoint
+    if resume:
+        logger.warning("--resume: no checkpoint in %s yet; starting from the beginning", output)
+    elif checkpoint_dirs(output):
+        raise ValueError(f"{output} holds checkpoints of an earlier run: continue it with --resume, or pre-train "
+                         "into another --output")
+    (output / ARGS_NAME).write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
+    return None
 
 
 def _heldout_split(texts: str | os.PathLike, queries: Sequence[str] | None, max_pairs: int | None, seed: int,
@@ -191,18 +247,29 @@ def _cycling_batches(num_items: int, batch_size: int, seed: int) -> Iterator[lis
         yield indices
 
 
-def _train_compressor(model, train_pairs: Sequence[tuple[str, str]], optimizer, scheduler, *, steps: int,
-                      batch_size: int, seed: int, bf16: bool, progress: bool) -> None:
-    """``steps`` optimiser steps on batches of ``train_pairs`` in a seeded order."""
+def _train_compressor(model, train_pairs: Sequence[tuple[str, str]], optimizer, scheduler, state: TrainerState,
+                      output: Path, *, steps: int, batch_size: int, seed: int, bf16: bool, save_steps: int,
+                      started: float, progress: bool) -> None:
+    """Optimiser steps from ``state.global_step`` to ``steps`` on batches of ``train_pairs`` in a seeded order (a
+    resumed run skips the batches of the steps done), with a checkpoint every ``save_steps`` and at the end (each
+    with the run's wall time up to it: ``state.trained_seconds`` plus this invocation's since ``started``)."""
     device = next(model.parameters()).device
+    seconds_before = state.trained_seconds
     batches = _cycling_batches(len(train_pairs), batch_size, seed)
-    bar = tqdm(total=steps, desc="pretrain compressor", unit="step", disable=not progress, dynamic_ncols=True,
-               mininterval=progress_interval())
+    for _ in range(state.global_step):
+        next(batches)
+    bar = tqdm(total=steps, initial=state.global_step, desc="pretrain compressor", unit="step", disable=not progress,
+               dynamic_ncols=True, mininterval=progress_interval())
     try:
-        for _ in range(steps):
+        while state.global_step < steps:
             loss = _compressor_step(model, [train_pairs[i] for i in next(batches)], optimizer, scheduler, bf16, device)
+            state.global_step += 1
             bar.update(1)
             bar.set_postfix(mse=f"{loss:.3g}", refresh=False)
+            if state.global_step % save_steps == 0 or state.global_step == steps:
+                if seconds_before is not None:
+                    state.trained_seconds = seconds_before + time.perf_counter() - started
+                save_checkpoint(output, model, optimizer, scheduler, state, keep=1)
     finally:
         bar.close()
 

@@ -537,13 +537,19 @@ def _optimizer_and_schedule(model: RankingModel, settings: TrainingSettings, tot
     optimizer = torch.optim.AdamW(groups_for_optimizer, lr=settings.lr, weight_decay=settings.weight_decay)
     scheduler = _make_scheduler(optimizer, settings.scheduler, settings.warmup_steps, total_steps)
     if checkpoint is not None:
-        optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", weights_only=True))
-        scheduler.load_state_dict(torch.load(checkpoint / "scheduler.pt", weights_only=True))
-        rng = torch.load(checkpoint / "rng_state.pth", weights_only=True)
-        torch.set_rng_state(rng["torch"])
-        if "cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
+        restore_checkpoint_state(checkpoint, optimizer, scheduler)
     return optimizer, scheduler
+
+
+def restore_checkpoint_state(checkpoint: Path, optimizer, scheduler) -> None:
+    """Load what :func:`save_checkpoint` saved besides the model: the optimiser's and schedule's state, and the
+    random state (so that dropout continues as in an uninterrupted run)."""
+    optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", weights_only=True))
+    scheduler.load_state_dict(torch.load(checkpoint / "scheduler.pt", weights_only=True))
+    rng = torch.load(checkpoint / "rng_state.pth", weights_only=True)
+    torch.set_rng_state(rng["torch"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
 
 
 def _collator_and_objective(model: RankingModel, settings: TrainingSettings, groups: list[TrainingGroup],

@@ -200,7 +200,7 @@ def test_dry_run_prints_every_step_in_order_and_their_arguments_parse(pipeline, 
     assert (f"--recipe prettr-debian --triples {work / 'triples.train.maxsim.tsv'} "
             f"--output {work / 'models' / 'prettr-l4'}") in out
     assert (f"--recipe prettr-compressor-debian --texts {data_dir / 'collection.tsv'} "
-            f"--output {work / 'models' / 'prettr-compressor'} --init {maxsim}") in out
+            f"--output {work / 'models' / 'prettr-compressor'} --resume --init {maxsim}") in out
     assert ("[sidecar-prettr-l4-e128] $ " + f"{python} -m pyserini_mores.sidecar build --index "
             f"{work / 'index'} --reranker prettr --model {work / 'models' / 'prettr-compressor'}") in out
     assert "--precision bf16" not in out  # auto: bf16 only where the CPU runs it natively

@@ -46,7 +46,7 @@ def test_dry_run_prints_every_command_and_passes_offline(tmp_path):
         f"{out}/downloads/triples.train.small.tsv --output {out}/models/mores-1ib --resume "
         "--model-arg n_interaction_blocks=1",
         f"python -m pyserini_mores.train pretrain-compressor --recipe prettr-compressor-msmarco --texts "
-        f"{out}/downloads/triples.train.small.tsv --output {out}/models/prettr-l11-e256-compressor",
+        f"{out}/downloads/triples.train.small.tsv --output {out}/models/prettr-l11-e256-compressor --resume",
         f"python -m pyserini_mores.train train --recipe prettr-msmarco --init {out}/models/prettr-l11-e256-compressor",
         f"--model-arg compression_dim=256 --dev-topics {out}/data/topics.dev.tsv --dev-qrels {out}/data/qrels.dev.txt "
         "--dev-index msmarco-v1-passage",

@@ -12,6 +12,7 @@ import torch
 from pyserini_mores.formats import FormatError, read_collection, read_qrels, read_topics
 from pyserini_mores.models import MODEL_CLASSES, load_model
 from pyserini_mores.models._layers import BertDims
+from pyserini_mores.train import compressor as compressor_module
 from pyserini_mores.train import data as train_data
 from pyserini_mores.train.__main__ import build_parser, main
 from pyserini_mores.train.compressor import pretrain_compressor
@@ -573,6 +574,38 @@ def test_pretrain_compressor_lowers_attention_mse_and_changes_only_the_compresso
     changed = {name: not torch.equal(before[name], after[name]) for name in before}
     assert all(changed[name] for name in changed if name.startswith("compressor."))
     assert not any(changed[name] for name in changed if not name.startswith("compressor."))
+
+
+def test_an_interrupted_compressor_pretraining_resumes_to_the_same_weights(init_dirs, tmp_path, monkeypatch):
+    init = init_dirs("prettr", compression_dim=8)
+    common = dict(steps=7, batch_size=5, lr=1e-2, heldout_pairs=6, save_steps=3, progress=False)
+    uninterrupted = pretrain_compressor(init, COLLECTION, tmp_path / "a", **common)
+
+    step, taken = compressor_module._compressor_step, []
+
+    def killed_in_step_5(*args):
+        taken.append(1)
+        if len(taken) == 5:  # checkpoint-3 exists; step 4 is lost, as in a real kill
+            raise _Killed
+        return step(*args)
+
+    output = tmp_path / "b"
+    monkeypatch.setattr(compressor_module, "_compressor_step", killed_in_step_5)
+    with pytest.raises(_Killed):
+        pretrain_compressor(init, COLLECTION, output, **common)
+    monkeypatch.setattr(compressor_module, "_compressor_step", step)
+    assert last_checkpoint(output).name == "checkpoint-3"
+    with pytest.raises(ValueError, match="holds checkpoints of an earlier run: continue it with --resume"):
+        pretrain_compressor(init, COLLECTION, output, **common)
+    with pytest.raises(ValueError, match=r"settings that differ from the interrupted run \(lr: 0.01 → 0.02\)"):
+        pretrain_compressor(init, COLLECTION, output, **{**common, "lr": 2e-2}, resume=True)
+
+    resumed = pretrain_compressor(init, COLLECTION, output, **common, resume=True)
+    assert (resumed.loss_before, resumed.loss_after) == (uninterrupted.loss_before, uninterrupted.loss_after)
+    expected = load_model("prettr", tmp_path / "a").state_dict()
+    for name, tensor in load_model("prettr", output).state_dict().items():
+        assert torch.equal(tensor, expected[name]), name
+    assert resumed.total_seconds > resumed.seconds, "the run's time counts the interrupted invocation's steps"
 
 
 def test_pretrain_compressor_cli_adds_a_compressor_to_a_checkpoint_without_one(init_dirs, triples_path, tmp_path,
