@@ -27,12 +27,11 @@ from .data import compressor_pairs
 from .trainer import (
     STATE_NAME,
     TrainerState,
-    checkpoint_dirs,
-    last_checkpoint,
     progress_interval,
     restore_checkpoint_state,
     save_checkpoint,
     seed_everything,
+    start_or_resume,
     training_precision,
 )
 
@@ -160,7 +159,7 @@ def pretrain_compressor(
                 "queries": None if queries is None else hashlib.sha256(json.dumps(list(queries)).encode()).hexdigest(),
                 "steps": steps, "batch_size": batch_size, "lr": lr, "warmup_steps": warmup_steps,
                 "heldout_pairs": heldout_pairs, "max_pairs": max_pairs, "seed": seed}
-    checkpoint = _start_or_resume(output, settings, resume)
+    checkpoint = start_or_resume(output, resume, settings, ARGS_NAME, command="pre-train")
     seed_everything(seed)
     model = load_prettr_for_compressor(init, model_args) if checkpoint is None else \
         load_prettr_for_compressor(checkpoint)
@@ -197,29 +196,6 @@ def pretrain_compressor(
     )
     (output / SUMMARY_NAME).write_text(json.dumps(asdict(result), indent=2) + "\n")
     return result
-
-
-def _start_or_resume(output: Path, settings: dict, resume: bool) -> Path | None:
-    """Create ``output`` and return the checkpoint to resume from (``None``: a fresh start, whose settings are
-    written down); refuses to mix runs (an earlier run's checkpoints, or a resume with other settings)."""
-    output.mkdir(parents=True, exist_ok=True)
-    checkpoint = last_checkpoint(output) if resume else None
-    if checkpoint is not None:
-        saved = json.loads((output / ARGS_NAME).read_text())
-        current = json.loads(json.dumps(settings))  # as saved: tuples become lists
-        differing = [name for name in current if saved.get(name) != current[name]]
-        if differing:
-            details = ", ".join(f"{name}: {saved.get(name)!r} → {current[name]!r}" for name in differing)
-            raise ValueError(f"--resume with settings that differ from the interrupted run ({details}); use a new "
-                             "--output, or the original settings")
-        return checkpoint
-    if resume:
-        logger.warning("--resume: no checkpoint in %s yet; starting from the beginning", output)
-    elif checkpoint_dirs(output):
-        raise ValueError(f"{output} holds checkpoints of an earlier run: continue it with --resume, or pre-train "
-                         "into another --output")
-    (output / ARGS_NAME).write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
-    return None
 
 
 def _heldout_split(texts: str | os.PathLike, queries: Sequence[str] | None, max_pairs: int | None, seed: int,

@@ -387,20 +387,39 @@ def _make_scheduler(optimizer, name: str, warmup_steps: int, total_steps: int):
     return get_scheduler(hf_name, optimizer, num_warmup_steps=warmup_steps, num_training_steps=total_steps)
 
 
-def _check_resume_args(path: Path, settings: TrainingSettings) -> None:
-    if not path.is_file():
-        return
-    saved = json.loads(path.read_text())
-    current = json.loads(json.dumps(settings.to_dict()))  # the same JSON normalisation as the saved copy
-    # a setting added after the run was saved counts as its default, so older runs stay resumable
+def start_or_resume(output: Path, resume: bool, settings: dict, settings_name: str, *, command: str,
+                    comparable: Callable[[dict], dict] = lambda saved: saved) -> Path | None:
+    """Create ``output`` and return the checkpoint to resume from (``None``: a fresh start, whose ``settings`` are
+    written to ``output/settings_name``). Refuses to mix runs: an earlier run's checkpoints without ``resume``, or a
+    resume with settings that differ from the saved ones (each key of ``comparable(saved)`` is compared; ``command``
+    names what to run into another ``--output`` instead)."""
+    output.mkdir(parents=True, exist_ok=True)
+    checkpoint = last_checkpoint(output) if resume else None
+    if checkpoint is not None:
+        if (output / settings_name).is_file():
+            saved = comparable(json.loads((output / settings_name).read_text()))
+            current = json.loads(json.dumps(settings))  # the same JSON normalisation as the saved copy
+            differing = [name for name in saved if saved[name] != current.get(name)]
+            if differing:
+                details = ", ".join(f"{name}: {saved[name]!r} → {current.get(name)!r}" for name in differing)
+                raise ValueError(f"--resume with settings that differ from the interrupted run ({details}); "
+                                 "use a new --output, or the original settings")
+        return checkpoint
+    if resume:
+        logger.warning("--resume: no checkpoint in %s yet; starting from the beginning", output / CHECKPOINTS_DIR)
+    elif checkpoint_dirs(output):
+        raise ValueError(f"{output} holds checkpoints of an earlier run: continue it with --resume, or {command} "
+                         "into another --output")
+    (output / settings_name).write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
+    return None
+
+
+def _resume_must_match(saved: dict) -> dict:
+    """The saved settings a resumed training must share (:data:`RESUME_MUST_MATCH`); a setting added after the run
+    was saved counts as its default, so older runs stay resumable."""
     defaults = {item.name: item.default for item in dataclasses.fields(TrainingSettings)
                 if item.default is not dataclasses.MISSING}
-    saved = {**{name: defaults.get(name) for name in RESUME_MUST_MATCH}, **saved}
-    differing = [name for name in RESUME_MUST_MATCH if saved.get(name) != current.get(name)]
-    if differing:
-        details = ", ".join(f"{name}: {saved.get(name)!r} → {current.get(name)!r}" for name in differing)
-        raise ValueError(f"--resume with settings that differ from the interrupted run ({details}); "
-                         "use a new --output, or the original settings")
+    return {name: saved.get(name, defaults.get(name)) for name in RESUME_MUST_MATCH}
 
 
 # --------------------------------------------------------------------------------------------------- the loop
@@ -447,7 +466,8 @@ def train(
     if settings.eval_every is not None and evaluator is None:
         settings.check_dev_data()
     output = Path(settings.output)
-    checkpoint = _start_or_resume(output, settings, resume)
+    checkpoint = start_or_resume(output, resume, settings.to_dict(), ARGS_NAME, command="train",
+                                 comparable=_resume_must_match)
     seed_everything(settings.seed)
     groups = _training_groups(settings, groups)
     steps_per_epoch = len(groups) // settings.groups_per_step
@@ -474,23 +494,6 @@ def train(
 
 
 # --------------------------------------------------------------------------------------------------- its steps
-
-
-def _start_or_resume(output: Path, settings: TrainingSettings, resume: bool) -> Path | None:
-    """Create ``output`` and return the checkpoint to resume from (``None``: a fresh start, whose settings are
-    written down); refuses to mix runs (an earlier run's checkpoints, or a resume with other settings)."""
-    output.mkdir(parents=True, exist_ok=True)
-    checkpoint = last_checkpoint(output) if resume else None
-    if resume and checkpoint is None:
-        logger.warning("--resume: no checkpoint in %s yet; starting from the beginning", output / CHECKPOINTS_DIR)
-    if checkpoint is not None:
-        _check_resume_args(output / ARGS_NAME, settings)
-    elif checkpoint_dirs(output):
-        raise ValueError(f"{output} holds checkpoints of an earlier run: continue it with --resume, or train into "
-                         "another --output")
-    else:
-        (output / ARGS_NAME).write_text(json.dumps(settings.to_dict(), indent=2, sort_keys=True) + "\n")
-    return checkpoint
 
 
 def _training_groups(settings: TrainingSettings, groups: list[TrainingGroup] | None) -> list[TrainingGroup]:
