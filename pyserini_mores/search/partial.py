@@ -135,11 +135,16 @@ def _read_identity(directory: Path) -> dict[str, Any]:
 
 
 def _record(qid: str, found: TopicSearch) -> dict[str, Any]:
-    record = {"qid": qid, "hits": [dataclasses.astuple(hit) for hit in found.results[qid]],
+    record = {"qid": qid, "hits": [_hit_row(hit) for hit in found.results[qid]],
               "stats": dataclasses.asdict(found.stats[qid])}
     if qid in found.bm25:
-        record["first_stage"] = [dataclasses.astuple(hit) for hit in found.bm25[qid]]
+        record["first_stage"] = [_hit_row(hit) for hit in found.bm25[qid]]
     return record
+
+
+def _hit_row(hit: RerankedHit) -> tuple:
+    # the fields in RerankedHit's order, read directly: dataclasses.astuple deep-copies, once per hit of every query
+    return hit.docid, hit.score, hit.lucene_docid, hit.first_stage_score, hit.first_stage_rank
 
 
 def _restore(record: Mapping[str, Any], found: TopicSearch) -> None:
