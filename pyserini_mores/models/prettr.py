@@ -42,13 +42,14 @@ from ._cls_only import TokenBlock, cls_only_attention_stored, cls_only_layer, co
 from ._layers import BertEncoder, TransformerLayer, key_padding_mask, load_bert_weights, score_head
 from .backbones import DEFAULT_BACKBONE
 from .base import RankingConfig, RankingModel, pad_documents
-from .flops import EncoderShape, FlopCount, Term, bert_layer, linear
+from .flops import EncoderShape, FlopCount, Term, attention, bert_layer, linear
 from .loading import copy_ranker_head, load_backbone_checkpoint
 from .losses import ranking_scores
 
 DOC_SEGMENT_ID = 1
 QUERY_SEGMENT_ID = 0
 REUSES = ("states", "kv")
+POOLINGS = ("cls", "avg")
 
 
 @dataclass
@@ -63,7 +64,8 @@ class PreTTRConfig(RankingConfig):
             ``None`` for no compressor (store the ``n``-wide layer-l states).
         simulate_fp16_storage: round the compressed states to float16 in every path ([code]'s ``compress_fp16``),
             so training sees the precision the sidecar stores.
-        classifier_dropout: dropout on the final [CLS] before the head (P4; active in training only).
+        classifier_dropout: dropout on the head's input, the final [CLS] or the pooled query rows (P4; active in
+            training only).
         query_max_length: ``Qb``, the fixed length of the query block ``[CLS] q [SEP] <pad>``, specials included.
             Documents start at position ``Qb`` (P1). Changing it invalidates stored documents.
         doc_max_length: document length limit with its own [CLS] and [SEP] (the limit every model applies); the
@@ -76,6 +78,10 @@ class PreTTRConfig(RankingConfig):
             sum per stored token and head (``2·n`` per token instead of the ``2·h·n`` of attending through the
             states), at twice the storage of uncompressed states. Measured slower than ``"states"`` on this
             project's 2-core CPU, where both are bound by memory traffic, not FLOPs (README, Benchmark).
+        pooling: what the head reads of the last layer: ``"cls"`` (the paper) — the [CLS] row; ``"avg"`` — the mean
+            of the query block's real rows, [CLS] and [SEP] included (as MORES's ``"avg"``, EARL's AvePool). At
+            ``l = L − 1`` [CLS] pooling leaves one attention of one row over the document as the only interaction;
+            with ``"avg"`` every query token's attention over the document reaches the score.
         tied: the query block runs through the document's layers ``1..l`` (the paper: one stack computes both).
             ``False``: through its own copy of them (``query_layers``), which can train against a sidecar of the
             document's fixed ones; the sidecar depends on the document's only, so it serves both.
@@ -87,11 +93,15 @@ class PreTTRConfig(RankingConfig):
     classifier_dropout: float = 0.1
     reuse: str = "states"
     tied: bool = True
+    pooling: str = "cls"
 
     def to_dict(self) -> dict:
         values = asdict(self)
-        if self.tied:  # recorded only when untied: the fingerprints of tied models stay as they were
+        # recorded only when not the paper's: the fingerprints of the models before them stay as they were
+        if self.tied:
             del values["tied"]
+        if self.pooling == "cls":
+            del values["pooling"]
         return values
 
     def __post_init__(self):
@@ -120,6 +130,8 @@ def validate_config(config: PreTTRConfig) -> None:
             f"reuse='kv' stores the last layer's document keys and values, which depend on the document alone only "
             f"when the last layer is the only joint one: it needs join_layer={layers - 1}, not {join}"
         )
+    if config.pooling not in POOLINGS:
+        raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, not {config.pooling!r}")
     if not isinstance(config.tied, bool):  # the string "False" would silently mean tied
         raise ValueError(f"tied must be true or false, not {config.tied!r}")
     if config.compression_dim is not None and config.compression_dim <= 0:
@@ -443,11 +455,14 @@ class PreTTRModel(RankingModel):
             for index in range(self.join_layer, self.num_layers):
                 x = self.encoder.run_layers(x, mask, index, index + 1, attentions)
                 block_states.append(x[:, :query_states.shape[1]])
-            return self._head(x[:, 0])
+            return self._head(self._pool(x, query_mask))
         if self.join_layer == self.num_layers - 1:
             if attentions is not None:
                 self._all_rows_attention(attentions, torch.cat([query_states.expand(batch, -1, -1), doc_states], 1),
                                          torch.cat([query_mask.expand(batch, -1), doc_mask], 1))
+            if self.config.pooling == "avg":
+                return self._query_rows_averaged(query_states, query_mask,
+                                                 *self._last_layer_keys_values(doc_states), doc_mask)
             # The last layer is the first joint one: the query block stays batch-1 (never copied per candidate).
             blocks = [TokenBlock(query_states, query_mask), TokenBlock(doc_states, doc_mask)]
             return self._head(cls_only_layer(self.encoder.layers[-1], query_states[:, 0], blocks))
@@ -456,7 +471,36 @@ class PreTTRModel(RankingModel):
         x = self.encoder.run_layers(x, mask[:, None, None, :], self.join_layer, self.num_layers - 1, attentions)
         if attentions is not None:
             self._all_rows_attention(attentions, x, mask)
+        if self.config.pooling == "avg":
+            query_length = query_states.shape[1]
+            return self._query_rows_averaged(x[:, :query_length], mask[:, :query_length],
+                                             *self._last_layer_keys_values(x[:, query_length:]),
+                                             mask[:, query_length:])
         return self._head(cls_only_layer(self.encoder.layers[-1], x[:, 0], [TokenBlock(x, mask)]))
+
+    def _last_layer_keys_values(self, doc_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.encoder.layers[-1].attention.project_keys_values(doc_states)
+
+    def _query_rows_averaged(self, query_rows: torch.Tensor, query_mask: torch.Tensor, doc_keys: torch.Tensor,
+                             doc_values: torch.Tensor, doc_mask: torch.Tensor) -> torch.Tensor:
+        """``[B]`` scores of ``avg`` pooling: the last layer run for the query block's rows ``[1|B, Qb, n]`` alone
+        (the rows the mean reads), over their own keys and values and the documents' projected ``doc_keys``/
+        ``doc_values`` ``[B, Ld, n]`` (key mask ``[B, Ld]``)."""
+        last, batch = self.encoder.layers[-1], doc_keys.shape[0]
+        query_keys, query_values = last.attention.project_keys_values(query_rows)  # once, for a batch-1 query block
+        keys = torch.cat([query_keys.expand(batch, -1, -1), doc_keys.to(query_keys.dtype)], 1)
+        values = torch.cat([query_values.expand(batch, -1, -1), doc_values.to(query_values.dtype)], 1)
+        mask = torch.cat([query_mask.expand(batch, -1), doc_mask], 1)[:, None, None, :]
+        rows = last.ffn(last.attention.attend(query_rows.expand(batch, -1, -1), keys, values, mask))
+        return self._head(self._pool(rows, query_mask))
+
+    def _pool(self, x: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:
+        """The head's input ``[B, n]`` from the last layer's rows ``x [B, T, n]``, the query block first: its [CLS]
+        row, or with ``pooling='avg'`` the mean of the query block's real rows (``query_mask [1|B, Qb]``)."""
+        if self.config.pooling == "cls":
+            return x[:, 0]
+        weights = query_mask.to(x.dtype)[..., None]  # [1|B, Qb, 1]
+        return (x[:, :query_mask.shape[1]] * weights).sum(1) / weights.sum(1)
 
     def _all_rows_attention(self, attentions: list[torch.Tensor], x: torch.Tensor, mask: torch.Tensor) -> None:
         """Append the last layer's self-attention of every row of ``x [B, T, n]`` (key mask ``[B, T]``)."""
@@ -516,7 +560,7 @@ class PreTTRModel(RankingModel):
             return self._score_stored_keys_values(query_state, docs, lengths)
         doc_mask = key_padding_mask(lengths.to(docs.device), docs.shape[1])[:, 0, 0]
         compressor = self.compressor
-        if (compressor is not None and self.join_layer == self.num_layers - 1
+        if (compressor is not None and self.join_layer == self.num_layers - 1 and self.config.pooling == "cls"
                 and self.config.compression_dim < self.config.encoder.hidden_size):
             # Only the CLS-only layer follows: attend to the stored codes through the decompressor directly.
             self._check_batches(query_state.states, docs)
@@ -543,6 +587,10 @@ class PreTTRModel(RankingModel):
         docs = docs.to(device=weight.device, dtype=compute_dtype(weight))
         doc_mask = key_padding_mask(lengths.to(weight.device), docs.shape[2])[:, 0, 0]
         last = self.encoder.layers[-1]
+        if self.config.pooling == "avg":
+            return self._query_rows_averaged(query_state.states, query_state.mask,
+                                             last.attention.merge_heads(docs[:, :heads]),
+                                             last.attention.merge_heads(docs[:, heads:]), doc_mask)
         pooled = cls_only_attention_stored(last.attention, last.ffn, query_state.states[:, 0], query_state.states,
                                            query_state.mask, docs[:, :heads], docs[:, heads:], doc_mask)
         return self._head(pooled)
@@ -615,7 +663,7 @@ class PreTTRModel(RankingModel):
         stored ``d [SEP]``."""
         config = self.config
         return prettr_flops(EncoderShape.from_dims(config.encoder), query_tokens, doc_tokens, config.join_layer,
-                            config.compression_dim, config.reuse)
+                            config.compression_dim, config.reuse, config.pooling)
 
     @classmethod
     def benchmark_variants(cls, num_layers: int, compression_dim: int) -> list[tuple[str, dict]]:
@@ -656,7 +704,7 @@ class PreTTRModel(RankingModel):
                              "query block has its own layers (tied=false)")
         x, mask = self._joint_layer_l(self.joined_inputs(query_batch, doc_batch))
         x = self.encoder.run_layers(self._roundtrip(x), mask[:, None, None, :], self.join_layer, None)
-        return self._head(x[:, 0])
+        return self._head(self._pool(x, mask[:, :self.query_block_length]))
 
     def _joint_layer_l(self, joined: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer-l states of the joined sequence under the block-diagonal mask, and the key mask ``[B, T]``."""
@@ -723,7 +771,7 @@ class PreTTRModel(RankingModel):
 
 
 def prettr_flops(shape: EncoderShape, query_tokens: int, doc_tokens: int, join_layer: int,
-                 compression_dim: int | None = None, reuse: str = "states") -> FlopCount:
+                 compression_dim: int | None = None, reuse: str = "states", pooling: str = "cls") -> FlopCount:
     """PreTTR's online FLOPs: layers ``1..l`` of the query once; ``l+1..L`` per candidate, the last one [CLS]-only.
 
     ``query_tokens`` = the query block ``q``; ``doc_tokens`` = the stored ``d [SEP]`` tokens ``d``; joint
@@ -739,6 +787,10 @@ def prettr_flops(shape: EncoderShape, query_tokens: int, doc_tokens: int, join_l
     * ``l = L−1``, stored keys and values: batch ``2·n² + 4·q·n² + 2·q·n`` ([CLS] query, the query block's keys and
       values and logits); candidate ``2·q·n + 4·d·n + 2·n² + 4·n·f + 4n``.
     * ``l < L−1``: candidate ``[2·d·e·n] + (L−1−l)·layer(T) + 8·n² + 4·h·T·n + 4·n·f + 4n``.
+    * ``pooling='avg'``: the last layer runs for the ``q`` query-block rows over all ``T`` keys (no folding, no code
+      space): candidate ``[2·d·e·n] + [(L−1−l)·layer(T)] + 4·K·n² + 4·q·n² + 4·q·T·n + 4·q·n·f + 4n``, where ``K``
+      keys and values are projected per candidate (``d``; ``T`` when ``l < L−1``; none stored: ``reuse='kv'``) and,
+      at ``l = L−1``, the query block's ``4·q·n²`` once per batch.
 
     Notation in :mod:`.flops`.
     """
@@ -749,6 +801,8 @@ def prettr_flops(shape: EncoderShape, query_tokens: int, doc_tokens: int, join_l
     terms = [Term("query_layers", join_layer * bert_layer(q, shape), "query")]
     if e:
         terms.append(Term("query_compress_roundtrip", linear(q, n, e) + linear(q, e, n), "query"))
+    if pooling == "avg":
+        return FlopCount(tuple(terms + _averaged_last_layer_terms(shape, q, d, join_layer, e, reuse)))
     # The [CLS]-only last layer's tail: output projection, one FFN row, head.
     tail = [Term("last_output", linear(1, n, n)), Term("last_ffn", linear(1, n, f) + linear(1, f, n)),
             Term("head", linear(1, n, 2))]
@@ -792,6 +846,32 @@ def prettr_flops(shape: EncoderShape, query_tokens: int, doc_tokens: int, join_l
         Term("last_pool", 2 * h * joint * n),
     ]
     return FlopCount(tuple(terms + tail))
+
+
+def _averaged_last_layer_terms(shape: EncoderShape, q: int, d: int, join_layer: int, e: int | None,
+                               reuse: str) -> list[Term]:
+    """The candidates' work of ``pooling='avg'`` (:func:`prettr_flops`): the joint layers below the last, then the
+    last layer for the query block's rows."""
+    n, f, L = shape.hidden, shape.ffn, shape.layers
+    terms = []
+    if reuse == "kv":
+        terms.append(Term("last_query_block_keys_values", linear(q, n, 2 * n), "batch"))
+    else:
+        if e:
+            terms.append(Term("decompress", linear(d, e, n)))
+        if join_layer == L - 1:
+            terms += [Term("last_query_block_keys_values", linear(q, n, 2 * n), "batch"),
+                      Term("last_doc_keys_values", linear(d, n, 2 * n))]
+        else:
+            terms += [Term("joint_layers", (L - 1 - join_layer) * bert_layer(q + d, shape)),
+                      Term("last_keys_values", linear(q + d, n, 2 * n))]
+    return terms + [
+        Term("last_query_rows_queries", linear(q, n, n)),
+        Term("last_query_rows_attention", attention(q, q + d, n)),
+        Term("last_query_rows_output", linear(q, n, n)),
+        Term("last_query_rows_ffn", linear(q, n, f) + linear(q, f, n)),
+        Term("head", linear(1, n, 2)),
+    ]
 
 
 class CompressedTokenBlock:

@@ -90,6 +90,11 @@ def _counted(function, *args):
     workload.Variant("prettr", "l1", (("compression_dim", None), ("join_layer", 1))),
     workload.Variant("prettr", "l1-e8", (("compression_dim", 8), ("join_layer", 1))),
     workload.Variant("prettr", "l2-kv", (("compression_dim", None), ("join_layer", 2), ("reuse", "kv"))),
+    workload.Variant("prettr", "l2-avg", (("compression_dim", None), ("join_layer", 2), ("pooling", "avg"))),
+    workload.Variant("prettr", "l2-e8-avg", (("compression_dim", 8), ("join_layer", 2), ("pooling", "avg"))),
+    workload.Variant("prettr", "l1-e8-avg", (("compression_dim", 8), ("join_layer", 1), ("pooling", "avg"))),
+    workload.Variant("prettr", "l2-kv-avg", (("compression_dim", None), ("join_layer", 2), ("reuse", "kv"),
+                                             ("pooling", "avg"))),
     workload.Variant("tk", "ctx", (("mode", "ctx"),)),
     workload.Variant("tk", "online", (("mode", "online"),)),
 ], ids=lambda v: v.key)

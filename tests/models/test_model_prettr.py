@@ -510,3 +510,50 @@ def test_an_untied_model_from_the_offline_minilm_starts_as_the_tied_one_and_its_
         assert rebuilt.config.tied is False
         assert torch.equal(rebuilt.query_layers[3].ffn.output.weight, untied.query_layers[3].ffn.output.weight)
         assert torch.equal(stored_scores(rebuilt, QUERY, documents), stored_scores(untied, QUERY, documents))
+
+
+# ---- avg pooling: the head reads the mean of the query block's last-layer rows ------------------------------------
+def averaged_reference(model: PreTTRModel, query: str, texts: list[str]) -> torch.Tensor:
+    """The joint layout run in full (every row of layers l+1..L), then the query block's real rows averaged by hand."""
+    joined = model.joined_inputs(model.tokenize_queries([query]), model.tokenize_documents(texts))
+    states, mask = model._joint_layer_l(joined)
+    x = model.encoder.run_layers(model._roundtrip(states), mask[:, None, None, :], model.join_layer, None)
+    rows, row_mask = x[:, :QUERY_BLOCK], mask[:, :QUERY_BLOCK, None].float()
+    return model._head((rows * row_mask).sum(1) / row_mask.sum(1))
+
+
+@pytest.mark.parametrize("compression_dim", [None, 8])
+@pytest.mark.parametrize("join_layer", [1, 3])
+@torch.no_grad()
+def test_avg_pooling_scores_the_mean_of_the_query_rows_in_every_path(tiny_dims, tokenizer, documents, join_layer,
+                                                                     compression_dim):
+    model = make_model(tiny_dims, tokenizer, join_layer, compression_dim, pooling="avg")
+    reference = averaged_reference(model, QUERY, documents)
+    assert_spread(reference)
+    torch.testing.assert_close(stored_scores(model, QUERY, documents), reference, rtol=0, atol=ATOL)
+    torch.testing.assert_close(model.score_texts(QUERY, documents), reference, rtol=0, atol=ATOL)
+    joint = model.joint_forward_masked(model.tokenize_queries([QUERY]), model.tokenize_documents(documents))
+    torch.testing.assert_close(joint, reference, rtol=0, atol=ATOL)
+    # the same weights read through [CLS] score otherwise: the pooling is not a no-op
+    model.config.pooling = "cls"
+    assert (stored_scores(model, QUERY, documents) - reference).abs().max() > 100 * ATOL
+
+
+@torch.no_grad()
+def test_avg_pooling_from_stored_keys_and_values_equals_the_mean_of_the_query_rows(tiny_dims, tokenizer, documents):
+    from pyserini_mores.sidecar.reader import head_major
+
+    model = make_model(tiny_dims, tokenizer, 3, reuse="kv", pooling="avg")
+    reference = averaged_reference(model, QUERY, documents)
+    state = model.encode_query(model.tokenize_queries([QUERY]))
+    padded, lengths = pad_documents(model.encode_documents(model.tokenize_documents(documents)))
+    torch.testing.assert_close(model.score(state, padded, lengths), reference, rtol=0, atol=ATOL)
+    torch.testing.assert_close(model.score(state, head_major(padded, model.stored_heads), lengths), reference,
+                               rtol=0, atol=ATOL)
+
+
+def test_pooling_is_recorded_only_when_avg_and_checked(tiny_dims):
+    assert "pooling" not in PreTTRConfig(encoder=tiny_dims, join_layer=3).to_dict()  # earlier fingerprints stay
+    assert PreTTRConfig(encoder=tiny_dims, join_layer=3, pooling="avg").to_dict()["pooling"] == "avg"
+    with pytest.raises(ValueError, match="pooling must be one of cls, avg, not 'mean'"):
+        PreTTRConfig(encoder=tiny_dims, join_layer=3, pooling="mean")
