@@ -97,6 +97,12 @@ def attention_mask_from_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return attention_mask.bool()[:, None, None, :]
 
 
+def masked_mean(rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The mean of the real rows of ``rows [B, T, n]`` (``mask [1|B, T]``, True on real rows): ``[B, n]``."""
+    weights = mask.to(rows.dtype)[..., None]
+    return (rows * weights).sum(1) / weights.sum(1)
+
+
 def score_head(head: nn.Linear, pooled: torch.Tensor) -> torch.Tensor:
     """``head(pooled)`` in fp32 whatever the autocast state or the weights' dtype: a bf16 logit keeps 8 significant
     bits, so candidates whose scores differ by less than ~0.4% would tie and be ordered by the input (the trained
@@ -175,7 +181,9 @@ class Attention(nn.Module):
         """Attention of ``x [B, q, n]`` over projected ``keys``/``values`` ``[B|1, L, n]`` with a boolean key
         ``mask [B, 1, 1, L]``; returns the post-LN output ``[B, q, n]``."""
         queries = self.split_heads(self.query(x))
-        if keys.shape[0] != queries.shape[0]:
+        if queries.shape[0] == 1 and keys.shape[0] > 1:  # one query side for every candidate: projected once
+            queries = queries.expand(keys.shape[0], -1, -1, -1)
+        elif keys.shape[0] != queries.shape[0]:
             keys = keys.expand(queries.shape[0], -1, -1)
             values = values.expand(queries.shape[0], -1, -1)
         context = attention_context(

@@ -64,6 +64,7 @@ from ._layers import (
     attention_mask_from_ids,
     convert_hf_bert_state_dict,
     key_padding_mask,
+    masked_mean,
     score_head,
 )
 from .backbones import DEFAULT_BACKBONE
@@ -909,9 +910,7 @@ class MoresModel(RankingModel):
                 query_states.append(x)
         if cls_pooling:  # the last block ran every row: its query states were asked for
             return score_head(self.interaction_module.head, x[:, 0])
-        weights = query_mask[:, 0, 0, :].to(x.dtype)  # mean pooling over the real query rows [1|B, q]
-        pooled = (x * weights[..., None]).sum(1) / weights.sum(1, keepdim=True)
-        return score_head(self.interaction_module.head, pooled)
+        return score_head(self.interaction_module.head, masked_mean(x, query_mask[:, 0, 0, :]))
 
 
 def mores_flops(shape: EncoderShape, query_tokens: int, doc_tokens: int, interaction_blocks: int, reuse: str,

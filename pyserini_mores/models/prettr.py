@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._cls_only import TokenBlock, cls_only_attention_stored, cls_only_layer, compute_dtype
-from ._layers import BertEncoder, TransformerLayer, key_padding_mask, load_bert_weights, score_head
+from ._layers import BertEncoder, TransformerLayer, key_padding_mask, load_bert_weights, masked_mean, score_head
 from .backbones import DEFAULT_BACKBONE
 from .base import RankingConfig, RankingModel, pad_documents
 from .flops import EncoderShape, FlopCount, Term, attention, bert_layer, linear
@@ -491,7 +491,7 @@ class PreTTRModel(RankingModel):
         keys = torch.cat([query_keys.expand(batch, -1, -1), doc_keys.to(query_keys.dtype)], 1)
         values = torch.cat([query_values.expand(batch, -1, -1), doc_values.to(query_values.dtype)], 1)
         mask = torch.cat([query_mask.expand(batch, -1), doc_mask], 1)[:, None, None, :]
-        rows = last.ffn(last.attention.attend(query_rows.expand(batch, -1, -1), keys, values, mask))
+        rows = last.ffn(last.attention.attend(query_rows, keys, values, mask))
         return self._head(self._pool(rows, query_mask))
 
     def _pool(self, x: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:
@@ -499,8 +499,7 @@ class PreTTRModel(RankingModel):
         row, or with ``pooling='avg'`` the mean of the query block's real rows (``query_mask [1|B, Qb]``)."""
         if self.config.pooling == "cls":
             return x[:, 0]
-        weights = query_mask.to(x.dtype)[..., None]  # [1|B, Qb, 1]
-        return (x[:, :query_mask.shape[1]] * weights).sum(1) / weights.sum(1)
+        return masked_mean(x[:, :query_mask.shape[1]], query_mask)
 
     def _all_rows_attention(self, attentions: list[torch.Tensor], x: torch.Tensor, mask: torch.Tensor) -> None:
         """Append the last layer's self-attention of every row of ``x [B, T, n]`` (key mask ``[B, T]``)."""
@@ -790,7 +789,7 @@ def prettr_flops(shape: EncoderShape, query_tokens: int, doc_tokens: int, join_l
     * ``pooling='avg'``: the last layer runs for the ``q`` query-block rows over all ``T`` keys (no folding, no code
       space): candidate ``[2·d·e·n] + [(L−1−l)·layer(T)] + 4·K·n² + 4·q·n² + 4·q·T·n + 4·q·n·f + 4n``, where ``K``
       keys and values are projected per candidate (``d``; ``T`` when ``l < L−1``; none stored: ``reuse='kv'``) and,
-      at ``l = L−1``, the query block's ``4·q·n²`` once per batch.
+      at ``l = L−1``, the query block's keys, values and queries (``6·q·n²``) once per batch instead.
 
     Notation in :mod:`.flops`.
     """
@@ -865,8 +864,10 @@ def _averaged_last_layer_terms(shape: EncoderShape, q: int, d: int, join_layer: 
         else:
             terms += [Term("joint_layers", (L - 1 - join_layer) * bert_layer(q + d, shape)),
                       Term("last_keys_values", linear(q + d, n, 2 * n))]
+    # at l = L - 1 the query rows are the same for every candidate: their queries are projected once per batch
+    queries_scope = "batch" if join_layer == L - 1 else "candidate"
     return terms + [
-        Term("last_query_rows_queries", linear(q, n, n)),
+        Term("last_query_rows_queries", linear(q, n, n), queries_scope),
         Term("last_query_rows_attention", attention(q, q + d, n)),
         Term("last_query_rows_output", linear(q, n, n)),
         Term("last_query_rows_ffn", linear(q, n, f) + linear(q, f, n)),
