@@ -178,18 +178,21 @@ class Attention(nn.Module):
         values: torch.Tensor,
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Attention of ``x [B, q, n]`` over projected ``keys``/``values`` ``[B|1, L, n]`` with a boolean key
-        ``mask [B, 1, 1, L]``; returns the post-LN output ``[B, q, n]``."""
+        """Attention of ``x [B, q, n]`` over projected ``keys``/``values`` ``[B|1, L, n]`` (or already split into
+        heads, ``[B|1, h, L, n/h]``) with a boolean key ``mask [B, 1, 1, L]``; returns the post-LN output
+        ``[B, q, n]``."""
         queries = self.split_heads(self.query(x))
+        keys = keys if keys.dim() == 4 else self.split_heads(keys)
+        values = values if values.dim() == 4 else self.split_heads(values)
         if queries.shape[0] == 1 and keys.shape[0] > 1:  # one query side for every candidate: projected once
             queries = queries.expand(keys.shape[0], -1, -1, -1)
         elif keys.shape[0] != queries.shape[0]:
-            keys = keys.expand(queries.shape[0], -1, -1)
-            values = values.expand(queries.shape[0], -1, -1)
+            keys = keys.expand(queries.shape[0], -1, -1, -1)
+            values = values.expand(queries.shape[0], -1, -1, -1)
         context = attention_context(
             queries,
-            self.split_heads(keys),
-            self.split_heads(values),
+            keys,
+            values,
             mask,
             dropout_p=self.attention_dropout if self.training else 0.0,
         )

@@ -485,13 +485,20 @@ class PreTTRModel(RankingModel):
                              doc_values: torch.Tensor, doc_mask: torch.Tensor) -> torch.Tensor:
         """``[B]`` scores of ``avg`` pooling: the last layer run for the query block's rows ``[1|B, Qb, n]`` alone
         (the rows the mean reads), over their own keys and values and the documents' projected ``doc_keys``/
-        ``doc_values`` ``[B, Ld, n]`` (key mask ``[B, Ld]``)."""
+        ``doc_values`` ``[B, Ld, n]`` or head-major ``[B, h, Ld, n/h]`` (key mask ``[B, Ld]``)."""
         last, batch = self.encoder.layers[-1], doc_keys.shape[0]
-        query_keys, query_values = last.attention.project_keys_values(query_rows)  # once, for a batch-1 query block
-        keys = torch.cat([query_keys.expand(batch, -1, -1), doc_keys.to(query_keys.dtype)], 1)
-        values = torch.cat([query_values.expand(batch, -1, -1), doc_values.to(query_values.dtype)], 1)
+        attention = last.attention
+
+        def head_major(projected: torch.Tensor) -> torch.Tensor:
+            return projected if projected.dim() == 4 else attention.split_heads(projected)
+
+        # the query block's keys and values once, for a batch-1 query block
+        query_keys, query_values = (head_major(projected).expand(batch, -1, -1, -1)
+                                    for projected in attention.project_keys_values(query_rows))
+        keys = torch.cat([query_keys, head_major(doc_keys).to(query_keys.dtype)], 2)
+        values = torch.cat([query_values, head_major(doc_values).to(query_values.dtype)], 2)
         mask = torch.cat([query_mask.expand(batch, -1), doc_mask], 1)[:, None, None, :]
-        rows = last.ffn(last.attention.attend(query_rows, keys, values, mask))
+        rows = last.ffn(attention.attend(query_rows, keys, values, mask))
         return self._head(self._pool(rows, query_mask))
 
     def _pool(self, x: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:
@@ -587,9 +594,8 @@ class PreTTRModel(RankingModel):
         doc_mask = key_padding_mask(lengths.to(weight.device), docs.shape[2])[:, 0, 0]
         last = self.encoder.layers[-1]
         if self.config.pooling == "avg":
-            return self._query_rows_averaged(query_state.states, query_state.mask,
-                                             last.attention.merge_heads(docs[:, :heads]),
-                                             last.attention.merge_heads(docs[:, heads:]), doc_mask)
+            return self._query_rows_averaged(query_state.states, query_state.mask, docs[:, :heads], docs[:, heads:],
+                                             doc_mask)
         pooled = cls_only_attention_stored(last.attention, last.ffn, query_state.states[:, 0], query_state.states,
                                            query_state.mask, docs[:, :heads], docs[:, heads:], doc_mask)
         return self._head(pooled)

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pyserini_mores.models._layers import WRITTEN_OUT_MAX_QUERIES, attention_context
+from pyserini_mores.models._layers import WRITTEN_OUT_MAX_QUERIES, Attention, attention_context
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -56,6 +56,22 @@ def test_written_out_attention_keeps_a_given_scale_and_an_fp32_softmax_under_bf1
     low = [t.detach().bfloat16().requires_grad_() for t in (queries, keys, values)]
     reference = attention_context(queries, keys, values, mask).detach()
     torch.testing.assert_close(attention_context(*low, mask).float(), reference, rtol=0.02, atol=0.02)
+
+
+def test_attend_takes_keys_split_into_heads_and_one_query_side_for_every_candidate(tiny_dims):
+    torch.manual_seed(0)
+    attention = Attention(tiny_dims).double().eval()
+    query_side = torch.randn(1, 3, tiny_dims.hidden_size, dtype=torch.float64)
+    memory = torch.randn(4, 5, tiny_dims.hidden_size, dtype=torch.float64)
+    mask = torch.ones(4, 1, 1, 5, dtype=torch.bool)
+    mask[1, ..., 2:] = False
+    keys, values = attention.project_keys_values(memory)
+    # the reference: every candidate with its own copy of the query side, keys and values as projected
+    expected = attention.attend(query_side.expand(4, -1, -1).clone(), keys, values, mask)
+    torch.testing.assert_close(attention.attend(query_side, keys, values, mask), expected, rtol=0, atol=1e-12)
+    split = attention.attend(query_side, attention.split_heads(keys), attention.split_heads(values), mask)
+    torch.testing.assert_close(split, expected, rtol=0, atol=1e-12)
+    assert not torch.allclose(attention.attend(query_side, values, keys, mask), expected)  # the halves matter
 
 
 def test_long_query_sides_and_calls_without_gradients_keep_the_fused_kernel(monkeypatch):
