@@ -163,6 +163,10 @@ class Attention(nn.Module):
         batch, length, _ = x.shape
         return x.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
 
+    def as_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` split into heads, ``[B, h, L, n/h]``, whether it comes as ``[B, L, n]`` or already split."""
+        return x if x.dim() == 4 else self.split_heads(x)
+
     def merge_heads(self, x: torch.Tensor) -> torch.Tensor:
         batch, _, length, _ = x.shape
         return x.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim)
@@ -182,8 +186,7 @@ class Attention(nn.Module):
         heads, ``[B|1, h, L, n/h]``) with a boolean key ``mask [B, 1, 1, L]``; returns the post-LN output
         ``[B, q, n]``."""
         queries = self.split_heads(self.query(x))
-        keys = keys if keys.dim() == 4 else self.split_heads(keys)
-        values = values if values.dim() == 4 else self.split_heads(values)
+        keys, values = self.as_heads(keys), self.as_heads(values)
         if queries.shape[0] == 1 and keys.shape[0] > 1:  # one query side for every candidate: projected once
             queries = queries.expand(keys.shape[0], -1, -1, -1)
         elif keys.shape[0] != queries.shape[0]:
@@ -203,7 +206,7 @@ class Attention(nn.Module):
         into heads, ``[B, h, L, n/h]``): what the attention's fused kernel computes without handing it out (for
         explanations and attention-matching losses)."""
         queries = self.split_heads(self.query(x))
-        keys = keys if keys.dim() == 4 else self.split_heads(keys)
+        keys = self.as_heads(keys)
         logits = queries @ keys.to(queries.dtype).transpose(-1, -2) / math.sqrt(self.head_dim)
         if mask is not None:
             logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)

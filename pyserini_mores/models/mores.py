@@ -278,7 +278,7 @@ class InteractionBlock(nn.Module):
             return self.cross_attention.attention_probs(x, doc_keys, doc_mask)
         attention = self.self_attention
         query_keys = attention.split_heads(attention.key(x))
-        doc_keys = doc_keys if doc_keys.dim() == 4 else attention.split_heads(doc_keys)
+        doc_keys = attention.as_heads(doc_keys)
         batch = doc_keys.shape[0]
         keys = torch.cat([query_keys.to(doc_keys.dtype).expand(batch, -1, -1, -1), doc_keys], dim=2)
         mask = torch.cat([query_mask.expand(batch, -1, -1, -1), doc_mask], dim=-1)
@@ -892,8 +892,7 @@ class MoresModel(RankingModel):
             if cls_only_last and index == len(blocks) - 1 and block.joint:
                 # Only the [CLS] row leaves the last block: its one attention over the query rows and the
                 # documents' keys and values, and its FFN, for that row alone (exact).
-                heads = block.self_attention.split_heads
-                keys, values = (keys, values) if keys.dim() == 4 else (heads(keys), heads(values))
+                keys, values = block.self_attention.as_heads(keys), block.self_attention.as_heads(values)
                 pooled = cls_only_attention_stored(block.self_attention, block.ffn, x[:, 0], x,
                                                    query_mask[:, 0, 0, :], keys, values, doc_mask[:, 0, 0, :])
                 return score_head(self.interaction_module.head, pooled)

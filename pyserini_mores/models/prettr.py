@@ -488,15 +488,11 @@ class PreTTRModel(RankingModel):
         ``doc_values`` ``[B, Ld, n]`` or head-major ``[B, h, Ld, n/h]`` (key mask ``[B, Ld]``)."""
         last, batch = self.encoder.layers[-1], doc_keys.shape[0]
         attention = last.attention
-
-        def head_major(projected: torch.Tensor) -> torch.Tensor:
-            return projected if projected.dim() == 4 else attention.split_heads(projected)
-
         # the query block's keys and values once, for a batch-1 query block
-        query_keys, query_values = (head_major(projected).expand(batch, -1, -1, -1)
+        query_keys, query_values = (attention.split_heads(projected).expand(batch, -1, -1, -1)
                                     for projected in attention.project_keys_values(query_rows))
-        keys = torch.cat([query_keys, head_major(doc_keys).to(query_keys.dtype)], 2)
-        values = torch.cat([query_values, head_major(doc_values).to(query_values.dtype)], 2)
+        keys = torch.cat([query_keys, attention.as_heads(doc_keys).to(query_keys.dtype)], 2)
+        values = torch.cat([query_values, attention.as_heads(doc_values).to(query_values.dtype)], 2)
         mask = torch.cat([query_mask.expand(batch, -1), doc_mask], 1)[:, None, None, :]
         rows = last.ffn(attention.attend(query_rows, keys, values, mask))
         return self._head(self._pool(rows, query_mask))
