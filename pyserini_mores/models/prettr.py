@@ -668,8 +668,9 @@ class PreTTRModel(RankingModel):
 
     @classmethod
     def benchmark_variants(cls, num_layers: int, compression_dim: int) -> list[tuple[str, dict]]:
-        """Joins at ``L−1`` and ``L−2``, uncompressed and at ``compression_dim``; and the last layer's document keys
-        and values stored (the sidecar variant beyond the paper)."""
+        """Joins at ``L−1`` and ``L−2``, uncompressed and at ``compression_dim``; the last layer's document keys
+        and values stored (the sidecar variant beyond the paper); and at ``L−1`` the head reading the query block's
+        mean (``pooling='avg'``), from stored states and from stored keys and values."""
         variants = []
         for join in (num_layers - 1, num_layers - 2):
             if join < 0:
@@ -677,8 +678,10 @@ class PreTTRModel(RankingModel):
             for compression in (None, compression_dim):
                 name = f"l{join}" + (f"-e{compression}" if compression else "")
                 variants.append((name, {"compression_dim": compression, "join_layer": join}))
-        variants.append((f"l{num_layers - 1}-kv",
-                         {"compression_dim": None, "join_layer": num_layers - 1, "reuse": "kv"}))
+        last_join = {"compression_dim": None, "join_layer": num_layers - 1}
+        variants.append((f"l{num_layers - 1}-kv", {**last_join, "reuse": "kv"}))
+        variants.append((f"l{num_layers - 1}-avg", {**last_join, "pooling": "avg"}))
+        variants.append((f"l{num_layers - 1}-kv-avg", {**last_join, "reuse": "kv", "pooling": "avg"}))
         return variants
 
     # ---- the reference path -------------------------------------------------------------------------------------

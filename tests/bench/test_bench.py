@@ -206,3 +206,18 @@ def test_unknown_models_are_refused_before_anything_runs(capsys):
 
     assert main(["--tiny", "--models", "mores:9xIB", "--precision", "fp32"]) == 2
     assert "mores has:" in capsys.readouterr().err
+
+
+def test_prettr_pooled_at_the_last_join_is_timed_from_states_and_from_keys_and_values(tmp_path):
+    from pyserini_mores.bench.runner import BenchConfig, run_benchmark
+
+    config = BenchConfig(backbones=["tiny"], doc_lens=[16], models=["prettr:l1-avg", "prettr:l1-kv-avg"],
+                         precisions=["fp32"], candidates=10, repetitions=1, work_dir=str(tmp_path),
+                         peak_sizes=(64,), peak_repetitions=1)
+    records = {record["variant"]: record for record in run_benchmark(config)["results"]}
+    assert set(records) == {"l1-avg", "l1-kv-avg"}
+    # the 15 stored tokens (``d [SEP]``, the document's [CLS] dropped) of the tiny backbone's n = 32 in float16: the
+    # states, or the last layer's keys and values
+    assert records["l1-avg"]["bytes_per_doc"] == 15 * 32 * 2
+    assert records["l1-kv-avg"]["bytes_per_doc"] == 15 * 2 * 32 * 2
+    assert all(record["path"] == "sidecar" and record["ms_per_query_median"] > 0 for record in records.values())
