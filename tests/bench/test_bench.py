@@ -211,11 +211,15 @@ def test_unknown_models_are_refused_before_anything_runs(capsys):
 def test_prettr_pooled_at_the_last_join_is_timed_from_states_and_from_keys_and_values(tmp_path):
     from pyserini_mores.bench.runner import BenchConfig, run_benchmark
 
-    config = BenchConfig(backbones=["tiny"], doc_lens=[16], models=["prettr:l1-avg", "prettr:l1-kv-avg"],
+    config = BenchConfig(backbones=["tiny"], doc_lens=[16],
+                         models=["prettr:l1", "prettr:l1-kv", "prettr:l1-avg", "prettr:l1-kv-avg"],
                          precisions=["fp32"], candidates=10, repetitions=1, work_dir=str(tmp_path),
                          peak_sizes=(64,), peak_repetitions=1)
     records = {record["variant"]: record for record in run_benchmark(config)["results"]}
-    assert set(records) == {"l1-avg", "l1-kv-avg"}
+    assert set(records) == {"l1", "l1-kv", "l1-avg", "l1-kv-avg"}
+    # pooled, the last layer runs for every query-block row, not [CLS] alone: the variants really are pooled
+    assert records["l1-avg"]["flops_per_query"] > records["l1"]["flops_per_query"]
+    assert records["l1-kv-avg"]["flops_per_query"] > records["l1-kv"]["flops_per_query"]
     # the 15 stored tokens (``d [SEP]``, the document's [CLS] dropped) of the tiny backbone's n = 32 in float16: the
     # states, or the last layer's keys and values
     assert records["l1-avg"]["bytes_per_doc"] == 15 * 32 * 2
