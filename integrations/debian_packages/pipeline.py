@@ -102,6 +102,9 @@ class TeacherScoring:
     # Names the triples of a scoring that mines the same teacher run as another scoring does, with other negatives
     # (their file and step names end in it; the run itself is made once).
     mining: str | None = None
+    # The teacher run's and triples' file and step names carry the depth (``train-first8000-top16``): the same
+    # teacher reranks the same queries at another depth for another scoring, whose names do not.
+    depth_in_name: bool = False
 
     def __post_init__(self):
         if self.skip and (self.queries is None or self.seed is not None):
@@ -116,6 +119,12 @@ class TeacherScoring:
         if self.seed is not None:
             return f"train{self.queries}"
         return f"train{self.skip + 1}-{self.skip + self.queries}" if self.skip else f"train-first{self.queries}"
+
+    @property
+    def run_topics(self) -> str:
+        """The name its teacher run carries after the teacher's: :attr:`topics`, and ``-top{depth}`` with
+        ``depth_in_name``."""
+        return f"{self.topics}-top{self.depth}" if self.depth_in_name else self.topics
 
     @property
     def lines(self) -> tuple[int, int] | None:
@@ -135,7 +144,10 @@ class Model:
     recipe: str | None  # None: an average of other rows (``average_of``), not trained
     train_args: tuple[str, ...] = ()
     rerank_args: tuple[str, ...] = ()
-    needs_compressor: bool = False
+    # PreTTR with compression: its --init is the compressor pre-trained (recipe prettr-compressor-debian) under its
+    # ``init_from`` row's model, on the collection's first-sentence pairs (``collection``) or on the query-passage
+    # pairs of its own training triples (``triples``, the paper's stage 1 on the ranker's data); None: none.
+    compressor_texts: str | None = None
     stores: bool = True  # False: reranks from text (no sidecar)
     init_from: str | None = None  # another row whose trained checkpoint is this one's --init (trained first)
     # True: the sidecar is built from the starting model before training, and training reads it (--doc-sidecar
@@ -188,6 +200,10 @@ DEPTH_30_NEXT_SCORING = dataclasses.replace(DEPTH_30_SCORING, queries=6000, skip
 #: debian-mores-2ib's and debian-mores-1ib's last stages: groups as deep as top-100 reranking, of queries their
 #: earlier stages did not see at that depth)
 DEPTH_100_SCORING = TeacherScoring(depth=100, negatives=99, negative_depth=100, queries=2000, skip=14000)
+#: The BM25 top 16 of the first 8,000 training queries, all 15 negatives of each (the shipped debian-prettr-e128's
+#: last stages); its teacher run is cut from the one over every training query at that depth (Pipeline.cut_run)
+FIRST_8000_TOP_16_SCORING = TeacherScoring(depth=16, negatives=15, negative_depth=16, queries=8000,
+                                           depth_in_name=True)
 #: Seeds the new feed-forward units of a widened row (``widen_of``); the shipped debian-tk's start was drawn with it
 WIDEN_SEED = 47
 
@@ -220,7 +236,7 @@ MODELS = (
     # Started from the trained PreTTR l = 4 instead (compressor pre-trained under its upper layers, 300 steps) it
     # measured test 0.452 against 0.504 from MaxSim after 800 steps (0.556 after 1,000), so it starts from MaxSim.
     Model("prettr-l4-e128", "prettr", "prettr-debian", ("--model-arg", "compression_dim=128"),
-          needs_compressor=True, sidecar_first=True, init_from="maxsim", teacher="maxsim", short_steps=800),
+          compressor_texts="collection", sidecar_first=True, init_from="maxsim", teacher="maxsim", short_steps=800),
     Model("tk", "tk", "tk-debian", teacher="maxsim"),
     # The shipped debian-mores-2ib's third stage: the distilled row above continued by Margin-MSE on the ensemble
     # teacher's scores (ENSEMBLE_SCORING) against the same S1 sidecar. It needs MaxSim, so it comes after the MaxSim
@@ -290,6 +306,20 @@ MODELS = (
     Model("mores-1ib-depth-100", "mores", "mores-1ib-debian-depth-100", rerank_args=("--model-arg", "reuse=s1"),
           init_from="mores-1ib-depth-30-more", sidecar_of="mores-2ib-all-queries", teacher="cross-encoder-three-way",
           teacher_scoring=DEPTH_100_SCORING, full_only=True),
+    # The shipped debian-prettr-e128's stages, joined at l = 4 of 6 and started from the second-stage cross-encoder:
+    # against the sidecar of its layer-4 states on the seventh-stage MORES 2×IB's scores of the first 8,000 training
+    # queries' BM25 top 30 (the recipe stops at step 2,250 of its 5,000-step schedule), then from text on the same
+    # groups with layers 3-4 training too, then with every layer training on the cross-encoder's own scores of those
+    # queries' top 16; then the paper's two stages of compression (e = 128): the compressor pre-trained under that
+    # model on the pairs of its triples, and the whole ranker fine-tuned with it in place.
+    Model("prettr-from-ce", "prettr", "prettr-debian-from-ce", sidecar_first=True, init_from="cross-encoder-three-way",
+          teacher="mores-2ib-all-queries", teacher_scoring=DEPTH_30_SCORING, full_only=True),
+    Model("prettr-from-text", "prettr", "prettr-debian-from-text", init_from="prettr-from-ce",
+          teacher="mores-2ib-all-queries", teacher_scoring=DEPTH_30_SCORING, full_only=True),
+    Model("prettr-from-text-ce", "prettr", "prettr-debian-from-text-ce", init_from="prettr-from-text",
+          teacher="cross-encoder-three-way", teacher_scoring=FIRST_8000_TOP_16_SCORING, full_only=True),
+    Model("prettr-e128", "prettr", "prettr-debian-e128-ce", compressor_texts="triples", init_from="prettr-from-text-ce",
+          teacher="cross-encoder-three-way", teacher_scoring=FIRST_8000_TOP_16_SCORING, full_only=True),
 )
 MODELS_BY_NAME = {model.name: model for model in MODELS}
 #: BM25 candidates kept per training query, from which unscored negatives are drawn (the deepest draw is 50)
@@ -339,6 +369,8 @@ class Pipeline:
     triples: dict = field(default_factory=dict)  # triples file by its source, once made
     # The teachers' runs over consecutive lines of the training queries, once made: {(teacher, depth): {lines: run}}
     line_runs: dict = field(default_factory=dict)
+    # The teachers' runs over every training query, once made: {(teacher, depth): run}
+    every_query_runs: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.steps = StepRunner(self.work / "pipeline.json", dry_run=self.dry_run, check=check_arguments)
@@ -407,12 +439,12 @@ class Pipeline:
         with its scores."""
         pair = teacher.name if second is None else f"{teacher.name}+{second.name}"
         name = pair if scoring.bm25_alpha is None else f"{pair}+bm25"
-        source = name if scoring.queries is None else f"{name}-{scoring.topics}"
+        source = name if scoring.queries is None and not scoring.depth_in_name else f"{name}-{scoring.run_topics}"
         if scoring.mining is not None:
             source = f"{source}-{scoring.mining}"
         if (teacher.name, scoring) not in self.triples:
             if source in self.triples:  # another scoring would overwrite the same run and triples
-                raise ValueError(f"two scorings of {name}'s {scoring.topics} queries; give them other subsets")
+                raise ValueError(f"two scorings of {name}'s {scoring.run_topics} queries; give them other subsets")
             topics = self.training_topics(scoring)
             run = self.teacher_run(teacher, scoring, topics)
             if second is not None:
@@ -438,22 +470,43 @@ class Pipeline:
         return fused
 
     def teacher_run(self, teacher: Model, scoring: TeacherScoring, topics: Path) -> Path:
-        """``teacher``'s run over the BM25 top ``scoring.depth`` of ``topics``, every candidate with its score;
-        joined from its runs over consecutive pieces of those queries when it has reranked them all already."""
-        run = self.run_file(teacher.name, scoring.topics)
+        """``teacher``'s run over the BM25 top ``scoring.depth`` of ``topics``, every candidate with its score; cut
+        from its run over every training query, or joined from its runs over consecutive pieces of those queries,
+        when it has reranked them all already at that depth."""
+        run = self.run_file(teacher.name, scoring.run_topics)
         made = self.line_runs.setdefault((teacher.name, scoring.depth), {})
+        every_query = self.every_query_runs.get((teacher.name, scoring.depth))
         pieces = covering_pieces(made, scoring.lines)
-        if pieces:
-            self.join_runs(f"join-{teacher.name}-{scoring.topics}", [made[piece] for piece in pieces], run)
+        if scoring.queries is not None and every_query is not None:
+            self.cut_run(f"cut-{teacher.name}-{scoring.run_topics}", every_query, topics, run)
+        elif pieces:
+            self.join_runs(f"join-{teacher.name}-{scoring.run_topics}", [made[piece] for piece in pieces], run)
         else:
             self.build_sidecar(teacher)
-            self.run(f"rerank-{teacher.name}-{scoring.topics}", [
+            self.run(f"rerank-{teacher.name}-{scoring.run_topics}", [
                 *PY, "pyserini_mores.search", "--index", self.index, "--topics", topics,
                 *self.model_args(teacher), "--rerank-depth", str(scoring.depth), "--hits", str(scoring.depth),
                 "--precision", PRECISION, "--output", run], done=run)
         if scoring.lines is not None:
             made[scoring.lines] = run
+        if scoring.queries is None:
+            self.every_query_runs[teacher.name, scoring.depth] = run
         return run
+
+    def cut_run(self, step: str, source: Path, topics: Path, run: Path) -> None:
+        """``run`` written as the lines of ``source`` (a teacher's run over every training query) of the queries of
+        ``topics``, in their order: what reranking them again would write (each query's candidates are scored apart
+        from other queries'). Not a journaled step, as :meth:`join_runs`."""
+        print(f"[{step}] {topics.name}'s queries cut from {source.name}, not reranked again: {run}")
+        if self.dry_run:
+            return
+        by_query: dict[str, list[str]] = {}
+        with open(source, encoding="utf-8") as lines:
+            for line in lines:
+                by_query.setdefault(line.split(maxsplit=1)[0], []).append(line)
+        with open(topics, encoding="utf-8") as queries:
+            qids = [line.split("\t", 1)[0] for line in queries if line.strip()]
+        write_if_changed(run, "".join(line for qid in qids for line in by_query.get(qid, [])))
 
     def join_runs(self, step: str, pieces: list[Path], run: Path) -> None:
         """``run`` written as ``pieces`` one after the other: a teacher's runs over consecutive pieces of the same
@@ -486,12 +539,21 @@ class Pipeline:
             write_if_changed(path, text)
         return path
 
-    def pretrain_compressor(self, start: str | None) -> None:
-        output = self.model_dir("prettr-compressor")
-        self.run("compressor", [*PY, "pyserini_mores.train", "pretrain-compressor",
-                                "--recipe", "prettr-compressor-debian", "--texts", self.data / "collection.tsv",
-                                "--output", output, "--resume",
-                                *(["--init", self.model_dir(start)] if start else [])],
+    def compressor_dir(self, model: Model) -> Path:
+        """Where ``model``'s compressor is pre-trained: ``prettr-compressor`` for the collection's pairs (the short
+        schedule's one compressed row), ``NAME-compressor`` for its own triples' pairs."""
+        return self.model_dir("prettr-compressor" if model.compressor_texts == "collection"
+                              else f"{model.name}-compressor")
+
+    def pretrain_compressor(self, model: Model) -> None:
+        """``model``'s compressor, pre-trained under its ``init_from`` row's model (recipe prettr-compressor-debian)."""
+        output = self.compressor_dir(model)
+        texts = self.data / "collection.tsv" if model.compressor_texts == "collection" else \
+            self.training_triples(model)
+        step = "compressor" if model.compressor_texts == "collection" else f"compressor-{model.name}"
+        self.run(step, [*PY, "pyserini_mores.train", "pretrain-compressor", "--recipe", "prettr-compressor-debian",
+                        "--texts", texts, "--output", output, "--resume",
+                        *(["--init", self.model_dir(model.init_from)] if model.init_from else [])],
                  done=output / "compressor_pretraining.json", seconds_from=_summary_seconds)
 
     def steps_override(self, model: Model) -> int | None:
@@ -501,11 +563,15 @@ class Pipeline:
 
     def schedule(self, model: Model) -> str:
         """The training steps, where they come from, and the time they are expected to take."""
-        recipe_steps = read_recipe(model.recipe)["settings"]["max_steps"]
+        settings = read_recipe(model.recipe)["settings"]
+        recipe_steps = settings["max_steps"]
         steps = self.steps_override(model) or recipe_steps
         origin = ("--max-steps" if self.max_steps else "the recipe's" if steps == recipe_steps
                   else f"short schedule; --full: the recipe's {recipe_steps:,}")
         text = f"up to {steps:,} training steps ({origin})"
+        if settings.get("stop_at_step", steps) < steps:
+            text = f"{settings['stop_at_step']:,} steps of a {steps:,}-step schedule (the recipe's stop_at_step)"
+            steps = settings["stop_at_step"]
         if model.seconds_per_step:
             minutes = steps * model.seconds_per_step / 60
             text += (f", ~{model.seconds_per_step:g} s/step on 2 AVX2 cores in fp32: "
@@ -520,8 +586,8 @@ class Pipeline:
                    "--dev-topics", self.data / "queries.dev.tsv", "--dev-qrels", self.data / "qrels.dev.txt",
                    "--dev-index", self.index, *model.train_args,
                    *(["--max-steps", str(max_steps)] if max_steps else []), "--resume"]
-        if model.needs_compressor:
-            command += ["--init", self.model_dir("prettr-compressor")]
+        if model.compressor_texts:
+            command += ["--init", self.compressor_dir(model)]
         elif model.fold_of:
             command += ["--init", self.folded_start(model)]
         elif model.widen_of:
@@ -578,7 +644,7 @@ class Pipeline:
         """The sidecar a ``sidecar_first`` row trains against: its starting model with the recipe's model arguments
         (what the stored vectors depend on), written where ``--doc-sidecar default`` and the search look for it."""
         settings = read_recipe(model.recipe)["settings"]
-        start = (self.model_dir("prettr-compressor") if model.needs_compressor else
+        start = (self.compressor_dir(model) if model.compressor_texts else
                  self.model_dir(model.init_from) if model.init_from else settings["init"])
         arguments = [format_model_arg(key, value) for key, value in settings.get("model_args", {}).items()]
         arguments += [value for flag, value in zip(model.train_args[::2], model.train_args[1::2])
@@ -736,8 +802,8 @@ def main(argv: list[str] | None = None) -> int:
     pipeline.build_index()
     pipeline.bm25_runs()
     for model in models:  # MODELS order: every teacher and starting point before the rows that need it
-        if model.needs_compressor:
-            pipeline.pretrain_compressor(model.init_from)
+        if model.compressor_texts:
+            pipeline.pretrain_compressor(model)
         if model.sidecar_first:
             pipeline.build_sidecar_of_start(model)
         if model.sidecar_of:  # built after training, unless it is a starting point's (sidecar_first: built above)

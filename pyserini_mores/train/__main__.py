@@ -113,6 +113,9 @@ def define_train_args(parser: argparse.ArgumentParser) -> None:
                      help="the index --doc-sidecar was built from (its stored texts match the triples to rows; "
                           "default --dev-index)")
     opt.add_argument("--max-steps", type=int, default=S, help="optimiser steps (overrides --epochs)")
+    opt.add_argument("--stop-at-step", type=int, default=S, metavar="STEP",
+                     help="end after this step, the learning-rate schedule still that of all --max-steps (the "
+                          "first part of a schedule; --resume without it continues the schedule)")
     opt.add_argument("--epochs", type=float, default=S, help="passes over the triples (default 1)")
     opt.add_argument("--batch-size", type=int, default=S,
                      help="examples per optimiser step: (query, passage) examples for pointwise, triples "

@@ -96,6 +96,9 @@ class TrainingSettings:
             pointwise loss (a triple gives 1 + k of them), groups (query, positive, k negatives) otherwise.
         grad_accum: micro-batches per optimiser step (``batch_size`` is split into them).
         max_steps: optimiser steps; ``None`` → ``epochs`` passes over the triples.
+        stop_at_step: end the run after this step, the learning-rate schedule still that of all ``max_steps`` (a
+            schedule's first part, as a long run stopped there; ``--resume`` without it continues the schedule).
+            ``None``: run the whole schedule.
         warmup_steps: linear warm-up steps (then ``scheduler``: linear decay to 0, constant, or cosine).
         head_lr: learning rate of new layers (score head, TK kernel weights); ``None`` = ``lr``.
         joint_lr: learning rate of the layers reading query and document together above those reading them apart
@@ -128,6 +131,7 @@ class TrainingSettings:
     freeze_embeddings: bool = False
     freeze_layers: int = 0
     max_steps: int | None = None
+    stop_at_step: int | None = None
     epochs: float = 1.0
     batch_size: int = 32
     grad_accum: int = 1
@@ -192,6 +196,8 @@ class TrainingSettings:
             raise ValueError(f"batch_negatives must be >= 0, not {self.batch_negatives}")
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError(f"max_steps must be at least 1, not {self.max_steps}")
+        if self.stop_at_step is not None and self.stop_at_step < 1:
+            raise ValueError(f"stop_at_step must be at least 1, not {self.stop_at_step}")
         if self.max_steps is None and not self.epochs > 0:
             raise ValueError(f"epochs must be positive, not {self.epochs}")
         if self.batch_size % self.examples_per_group:
@@ -472,22 +478,24 @@ def train(
     groups = _training_groups(settings, groups)
     steps_per_epoch = len(groups) // settings.groups_per_step
     total_steps = settings.max_steps or max(1, math.ceil(settings.epochs * steps_per_epoch))
+    end_step = min(total_steps, settings.stop_at_step or total_steps)
     model, state = _model_and_state(settings, checkpoint, total_steps)
     device = resolve_device(settings.device)
     model.to(device)
     bf16 = training_precision(settings.bf16, settings.precision, device) == "bf16"
     trainable = _trainable_parameters(model, settings)
     optimizer, scheduler = _optimizer_and_schedule(model, settings, total_steps, checkpoint)
-    logger.info("%s: %d trainable parameters in %d tensors (%s); %d groups, %d steps/epoch, %d steps",
+    logger.info("%s: %d trainable parameters in %d tensors (%s); %d groups, %d steps/epoch, %d steps%s",
                 settings.model_type, count_parameters(p for p in model.parameters() if p.requires_grad),
-                len(trainable), settings.train_modules, len(groups), steps_per_epoch, total_steps)
+                len(trainable), settings.train_modules, len(groups), steps_per_epoch, total_steps,
+                f" (stopping after step {end_step})" if end_step < total_steps else "")
     if evaluator is None and settings.eval_every is not None:
         evaluator = _build_evaluator(settings, bf16)
     collate, objective = _collator_and_objective(model, settings, groups, device)
     run = _Run(settings=settings, output=output, model=model, state=state, optimizer=optimizer, scheduler=scheduler,
                groups=groups, collate=collate, objective=objective, order=_EpochOrder(len(groups), settings.seed),
-               steps_per_epoch=steps_per_epoch, total_steps=total_steps, device=device, bf16=bf16,
-               started=started, seconds_before=state.trained_seconds)
+               steps_per_epoch=steps_per_epoch, total_steps=total_steps, end_step=end_step, device=device,
+               bf16=bf16, started=started, seconds_before=state.trained_seconds)
     resumed_from = state.global_step if checkpoint is not None else None
     _run_steps(run, evaluator, on_step_end, progress)
     return _save_result(run, resumed_from)
@@ -588,7 +596,8 @@ class _Run:
     objective: RankingObjective
     order: _EpochOrder
     steps_per_epoch: int
-    total_steps: int
+    total_steps: int  # the learning-rate schedule's length
+    end_step: int  # the step this invocation stops after (``stop_at_step``, or the schedule's end)
     device: torch.device
     bf16: bool
     started: float = 0.0  # this invocation's start (time.perf_counter)
@@ -610,15 +619,15 @@ class _Run:
 
 
 def _run_steps(run: _Run, evaluator, on_step_end, progress: bool) -> None:
-    """The resumable loop: optimiser steps until ``total_steps`` or early stopping, each followed by its logging,
+    """The resumable loop: optimiser steps until ``end_step`` or early stopping, each followed by its logging,
     dev evaluation and checkpoint as due."""
     settings, state = run.settings, run.state
     running, running_count = {}, 0
     run.model.train()
-    bar = tqdm(total=run.total_steps, initial=state.global_step, desc=f"train {settings.model_type}", unit="step",
+    bar = tqdm(total=run.end_step, initial=state.global_step, desc=f"train {settings.model_type}", unit="step",
                disable=not progress, dynamic_ncols=True, mininterval=progress_interval())
     try:
-        while state.global_step < run.total_steps and not state.stopped_early:
+        while state.global_step < run.end_step and not state.stopped_early:
             step_losses = _optimizer_step(run)
             for name, value in step_losses.items():
                 running[name] = running.get(name, 0.0) + value
@@ -626,7 +635,7 @@ def _run_steps(run: _Run, evaluator, on_step_end, progress: bool) -> None:
             bar.update(1)
             bar.set_postfix(loss=f"{step_losses['loss']:.4f}", lr=f"{run.last_lr:.2e}", refresh=False)
 
-            done = state.global_step >= run.total_steps
+            done = state.global_step >= run.end_step
             if state.global_step % settings.logging_steps == 0 or done:
                 _log_loss(run, {name: total / running_count for name, total in running.items()})
                 running, running_count = {}, 0

@@ -47,7 +47,7 @@ def test_dry_run_prints_every_step_in_order_and_their_arguments_parse(pipeline, 
     expected, scorings, mined = ["index", "bm25-test"], set(), set()
     rows = [model for model in pipeline.MODELS if not model.full_only]  # the default schedule's
     for model in rows:  # a starting point's sidecar is built before, every other sidecar after training
-        expected += (["compressor"] if model.needs_compressor else []) + (
+        expected += (["compressor"] if model.compressor_texts == "collection" else []) + (
             [f"sidecar-{model.name}"] if model.sidecar_first else [])
         if model.teacher and (model.teacher, model.teacher_scoring) not in scorings:  # its run and triples, once
             scorings.add((model.teacher, model.teacher_scoring))
@@ -268,15 +268,17 @@ def _train_commands(out: str) -> dict[str, str]:
 
 
 def _schedules(out: str) -> dict[str, int]:
-    """The training steps each row's printed schedule announces."""
+    """The training steps each row's printed schedule announces (those it trains of a longer one, if it stops)."""
     return {match.group(1): int(match.group(2).replace(",", "")) for match in
-            re.finditer(r"^\[train-(\S+)\] up to ([\d,]+) training steps", out, re.M)}
+            re.finditer(r"^\[train-(\S+)\] (?:up to )?([\d,]+) (?:training )?steps", out, re.M)}
 
 
 def _recipe_steps(model) -> int:
+    """The steps ``model``'s recipe trains: its schedule's, or fewer where it stops (stop_at_step)."""
     from pyserini_mores.train.recipes import read_recipe
 
-    return read_recipe(model.recipe)["settings"]["max_steps"]
+    settings = read_recipe(model.recipe)["settings"]
+    return min(settings["max_steps"], settings.get("stop_at_step", settings["max_steps"]))
 
 
 def test_the_short_schedule_by_default_and_the_recipes_own_with_full(pipeline, data_dir, tmp_path, capsys):
@@ -700,6 +702,59 @@ def test_the_full_schedules_first_14000_teacher_run_joins_the_first_8000_and_the
     assert (f"[join-cross-encoder-three-way-train-first14000] cross-encoder-three-way.train-first8000.trec, "
             f"cross-encoder-three-way.train8001-14000.trec joined, not reranked again: "
             f"{runs / 'cross-encoder-three-way.train-first14000.trec'}") in out
+
+
+def test_the_shipped_prettr_e128s_stages_run_only_with_full_and_compress_last(pipeline, data_dir, tmp_path, capsys):
+    work, python = tmp_path / "w", sys.executable
+    pipeline.main(["--data", str(data_dir), "--work", str(work), "--dry-run"])
+    assert not {"prettr-from-ce", "prettr-e128"} & set(_train_commands(capsys.readouterr().out))
+
+    out, commands, steps = _dry_run_of(pipeline, data_dir, work, "prettr-e128", capsys)
+    models, runs = work / "models", work / "runs"
+    # the first stage against the layer-4 sidecar of the second-stage cross-encoder, on MORES 2xIB's depth-30 groups
+    assert (f"[sidecar-prettr-from-ce] $ {python} -m pyserini_mores.sidecar build --index {work / 'index'} "
+            f"--reranker prettr --model {models / 'cross-encoder-three-way'} --model-arg join_layer=4 ") in out
+    assert steps.index("sidecar-prettr-from-ce") < steps.index("train-prettr-from-ce")
+    mores30 = work / "triples.train.mores-2ib-all-queries-train-first8000.tsv"
+    assert f"--recipe prettr-debian-from-ce --triples {mores30} " in commands["prettr-from-ce"]
+    assert commands["prettr-from-ce"].endswith(f"--resume --init {models / 'cross-encoder-three-way'}")
+    assert "[train-prettr-from-ce] 2,250 steps of a 5,000-step schedule (the recipe's stop_at_step)" in out
+    assert f"--recipe prettr-debian-from-text --triples {mores30} " in commands["prettr-from-text"]
+    # the cross-encoder's top 16 of the same queries, cut from its run over every training query, not reranked
+    top16 = runs / "cross-encoder-three-way.train-first8000-top16.trec"
+    assert (f"[cut-cross-encoder-three-way-train-first8000-top16] queries.train-first8000.tsv's queries cut from "
+            f"cross-encoder-three-way.train.trec, not reranked again: {top16}") in out
+    assert not [step for step in steps if step.startswith("rerank-cross-encoder-three-way-train-first8000")]
+    ce16 = work / "triples.train.cross-encoder-three-way-train-first8000-top16.tsv"
+    assert f"--run {top16} " in out.split("[negatives-cross-encoder-three-way-train-first8000-top16] $ ")[1]
+    assert f"--recipe prettr-debian-from-text-ce --triples {ce16} " in commands["prettr-from-text-ce"]
+    # then the compressor under that model on the pairs of its triples, and the ranker fine-tuned with it in place
+    compressor = models / "prettr-e128-compressor"
+    assert (f"[compressor-prettr-e128] $ {python} -m pyserini_mores.train pretrain-compressor --recipe "
+            f"prettr-compressor-debian --texts {ce16} --output {compressor} --resume --init "
+            f"{models / 'prettr-from-text-ce'}\n") in out
+    assert commands["prettr-e128"].endswith(f"--resume --init {compressor}")
+    assert steps.index("train-prettr-from-text-ce") < steps.index("compressor-prettr-e128") \
+        < steps.index("train-prettr-e128") < steps.index("sidecar-prettr-e128")
+
+
+def test_a_teachers_run_over_some_training_queries_is_cut_from_its_run_over_all_of_them(pipeline, data_dir,
+                                                                                        tmp_path, monkeypatch):
+    made, ran = _pipeline_recording_commands(pipeline, data_dir, tmp_path, monkeypatch)
+    teacher = pipeline.MODELS_BY_NAME["cross-encoder-three-way"]
+    every = made.run_file(teacher.name, "train")
+    every.parent.mkdir()
+    every.write_text("q1 Q0 d1 1 9.5 t\nq1 Q0 d2 2 3.0 t\nq2 Q0 d3 1 8.0 t\nq3 Q0 d4 1 7.25 t\n")
+    made.teacher_run(teacher, pipeline.TeacherScoring(depth=16), data_dir / "queries.train.tsv")  # found made
+    reranked = len(ran)
+    topics = tmp_path / "topics.tsv"
+    topics.write_text("q3\tthird\nq1\tfirst\n")
+    cut = made.teacher_run(teacher, pipeline.TeacherScoring(depth=16, queries=2, depth_in_name=True), topics)
+    assert len(ran) == reranked and cut == made.run_file(teacher.name, "train-first2-top16")
+    assert cut.read_text() == "q3 Q0 d4 1 7.25 t\nq1 Q0 d1 1 9.5 t\nq1 Q0 d2 2 3.0 t\n", "the topics' order"
+    made.teacher_run(teacher, pipeline.TeacherScoring(depth=30, queries=2), topics)
+    assert len(ran) == reranked + 1 and ran[-1][ran[-1].index("--rerank-depth") + 1] == "30", \
+        "at another depth: reranked"
 
 
 def test_a_training_found_finished_counts_the_time_of_all_its_invocations(pipeline, tmp_path):

@@ -473,6 +473,24 @@ def test_a_killed_run_resumes_to_the_same_weights(init_dirs, triples_path, tmp_p
               progress=False)
 
 
+def test_a_run_stopped_inside_its_schedule_resumes_to_the_whole_schedules_weights(init_dirs, triples_path, tmp_path):
+    init = init_dirs("mores")
+    common = dict(max_steps=6, warmup_steps=1, save_steps=2, batch_size=8, logging_steps=1)
+    whole = train(_settings(tmp_path / "a", "mores", init, triples_path, **common), progress=False)
+    stopped = train(_settings(tmp_path / "b", "mores", init, triples_path, stop_at_step=3, **common), progress=False)
+    assert (stopped.global_step, stopped.total_steps) == (3, 6)
+    rates = {entry["step"]: entry["lr"] for entry in whole.log_history if "lr" in entry}
+    assert [entry["lr"] for entry in stopped.log_history if "lr" in entry] == [rates[1], rates[2], rates[3]], \
+        "the learning rate of the whole schedule's first steps, not of a 3-step schedule"
+    resumed = train(_settings(tmp_path / "b", "mores", init, triples_path, **common), resume=True, progress=False)
+    assert (resumed.resumed_from, resumed.global_step) == (3, 6)
+    expected = whole.model.state_dict()
+    for name, tensor in resumed.model.state_dict().items():
+        assert torch.equal(tensor, expected[name]), name
+    with pytest.raises(ValueError, match="stop_at_step must be at least 1, not 0"):
+        _settings(tmp_path / "c", "mores", init, triples_path, stop_at_step=0)
+
+
 def test_a_checkpoint_that_did_not_count_its_seconds_leaves_the_runs_total_unknown(tmp_path):
     path = tmp_path / "trainer_state.json"
     path.write_text(json.dumps({"global_step": 3, "trained_seconds": 12.5}))
