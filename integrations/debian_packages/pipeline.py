@@ -35,7 +35,14 @@ Two families of rerankers train, each teacher before its students:
   (``mores-1ib-debian-depth-30``, then for more queries ``mores-1ib-debian-depth-30-more``), then on groups of each
   query's whole BM25 top 100 for 2,000 queries none of them saw (``mores-1ib-debian-depth-100``: the shipped
   ``debian-mores-1ib``), as the 2×IB's row is too, against its own sidecar (``mores-2ib-debian-depth-100``: the
-  shipped ``debian-mores-2ib``).
+  shipped ``debian-mores-2ib``);
+- with ``--full`` only, the shipped ``debian-prettr-e128``'s stages: PreTTR joined at l = 4 started from the
+  second-stage cross-encoder, trained against the sidecar of its layer-4 states on the seventh-stage MORES 2×IB's
+  scores of the first 8,000 training queries' BM25 top 30 (``prettr-debian-from-ce``, stopped at step 2,250 of its
+  schedule), then from text (``prettr-debian-from-text``), then on the cross-encoder's scores of those queries' top 16
+  with every layer training (``prettr-debian-from-text-ce``), then compressed to e = 128: its compressor pre-trained
+  under that model on the pairs of the same triples, and the ranker fine-tuned with it in place
+  (``prettr-debian-e128-ce``).
 
 By default every training step runs a short schedule (``Model.short_steps``) so that the whole pipeline fits about
 three hours of 2 CPU cores, without the rows marked ``full_only``; ``--full`` trains every row with its recipe's own
