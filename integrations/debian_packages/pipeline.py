@@ -4,7 +4,8 @@ index → BM25 runs → mined negatives → the teacher, then its students → s
 (and dev) queries → time 1000-candidate reranking → one results table (MRR@10, nDCG@10, R@10, ms/query for 1000
 candidates, bytes/doc, the non-inferiority test of every model against the cross-encoder).
 
-Two families of rerankers train, each teacher before its students:
+Two families of rerankers train, each teacher before its students, then (with ``--full``) the shipped PreTTR's stages,
+which learn from both the cross-encoder and MORES 2×IB:
 
 - the cross-encoder, the teacher (recipe ``cross-encoder-debian-teacher``, the shipped ``debian-cross-encoder``'s:
   pointwise on 4 negatives per training query from its BM25 top 30), then MORES 2×IB initialised from it and trained
