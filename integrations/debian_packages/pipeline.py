@@ -110,9 +110,6 @@ class TeacherScoring:
     # Names the triples of a scoring that mines the same teacher run as another scoring does, with other negatives
     # (their file and step names end in it; the run itself is made once).
     mining: str | None = None
-    # The teacher run's and triples' file and step names carry the depth (``train-first8000-top16``): the same
-    # teacher reranks the same queries at another depth for another scoring, whose names do not.
-    depth_in_name: bool = False
 
     def __post_init__(self):
         if self.skip and (self.queries is None or self.seed is not None):
@@ -129,10 +126,10 @@ class TeacherScoring:
         return f"train{self.skip + 1}-{self.skip + self.queries}" if self.skip else f"train-first{self.queries}"
 
     @property
-    def run_topics(self) -> str:
-        """The name its teacher run carries after the teacher's: :attr:`topics`, and ``-top{depth}`` with
-        ``depth_in_name``."""
-        return f"{self.topics}-top{self.depth}" if self.depth_in_name else self.topics
+    def candidates(self) -> str:
+        """The name of the candidates it scores, which its runs', triples' and steps' names carry after the teacher's:
+        :attr:`topics` and the depth, ``train-first8000-top16`` (the same queries are scored at other depths too)."""
+        return f"{self.topics}-top{self.depth}"
 
     @property
     def lines(self) -> tuple[int, int] | None:
@@ -210,8 +207,7 @@ DEPTH_30_NEXT_SCORING = dataclasses.replace(DEPTH_30_SCORING, queries=6000, skip
 DEPTH_100_SCORING = TeacherScoring(depth=100, negatives=99, negative_depth=100, queries=2000, skip=14000)
 #: The BM25 top 16 of the first 8,000 training queries, all 15 negatives of each (the shipped debian-prettr-e128's
 #: last stages); its teacher run is cut from the one over every training query at that depth (Pipeline.cut_run)
-FIRST_8000_TOP_16_SCORING = TeacherScoring(depth=16, negatives=15, negative_depth=16, queries=8000,
-                                           depth_in_name=True)
+FIRST_8000_TOP_16_SCORING = TeacherScoring(depth=16, negatives=15, negative_depth=16, queries=8000)
 #: Seeds the new feed-forward units of a widened row (``widen_of``); the shipped debian-tk's start was drawn with it
 WIDEN_SEED = 47
 
@@ -447,19 +443,20 @@ class Pipeline:
         with its scores."""
         pair = teacher.name if second is None else f"{teacher.name}+{second.name}"
         name = pair if scoring.bm25_alpha is None else f"{pair}+bm25"
-        source = name if scoring.queries is None and not scoring.depth_in_name else f"{name}-{scoring.run_topics}"
+        source = f"{name}-{scoring.candidates}"
         if scoring.mining is not None:
             source = f"{source}-{scoring.mining}"
         if (teacher.name, scoring) not in self.triples:
             if source in self.triples:  # another scoring would overwrite the same run and triples
-                raise ValueError(f"two scorings of {name}'s {scoring.run_topics} queries; give them other subsets")
+                raise ValueError(f"two scorings of {name}'s {scoring.candidates} would write the same run and "
+                                 "triples: name the other's negatives (mining) or give it other queries")
             topics = self.training_topics(scoring)
             run = self.teacher_run(teacher, scoring, topics)
             if second is not None:
-                run = self.fused_run(pair, scoring.topics, run, self.teacher_run(second, scoring, topics),
+                run = self.fused_run(pair, scoring.candidates, run, self.teacher_run(second, scoring, topics),
                                      scoring.alpha)
             if scoring.bm25_alpha is not None:
-                run = self.fused_run(name, scoring.topics, run, self.bm25_train_run(), scoring.bm25_alpha)
+                run = self.fused_run(name, scoring.candidates, run, self.bm25_train_run(), scoring.bm25_alpha)
             scored = self.work / f"triples.train.{source}.tsv"
             self.run(f"negatives-{source}", [
                 *PY, "pyserini_mores.train", "mine-negatives", "--run", run, "--index", self.index,
@@ -469,29 +466,31 @@ class Pipeline:
             self.triples[source] = self.triples[teacher.name, scoring] = scored
         return self.triples[teacher.name, scoring]
 
-    def fused_run(self, name: str, topics: str, first: Path, second: Path, alpha: float) -> Path:
-        """The run ``name`` over ``topics``: ``first`` and ``second`` fused per query by ensemble_teacher.py,
-        ``alpha`` × ``first``'s scores + (1 − alpha) × ``second``'s, in ``first``'s units."""
-        fused = self.run_file(name, topics)
-        self.run(f"ensemble-{name}-{topics}", [sys.executable, ENSEMBLE_SCRIPT, "--first", first, "--second", second,
-                                               "--alpha", str(alpha), "--output", fused], done=fused)
+    def fused_run(self, name: str, candidates: str, first: Path, second: Path, alpha: float) -> Path:
+        """The run ``name`` over ``candidates`` (:attr:`TeacherScoring.candidates`): ``first`` and ``second`` fused per
+        query by ensemble_teacher.py, ``alpha`` × ``first``'s scores + (1 − alpha) × ``second``'s, in ``first``'s
+        units."""
+        fused = self.run_file(name, candidates)
+        self.run(f"ensemble-{name}-{candidates}", [
+            sys.executable, ENSEMBLE_SCRIPT, "--first", first, "--second", second, "--alpha", str(alpha),
+            "--output", fused], done=fused)
         return fused
 
     def teacher_run(self, teacher: Model, scoring: TeacherScoring, topics: Path) -> Path:
         """``teacher``'s run over the BM25 top ``scoring.depth`` of ``topics``, every candidate with its score; cut
         from its run over every training query, or joined from its runs over consecutive pieces of those queries,
         when it has reranked them all already at that depth."""
-        run = self.run_file(teacher.name, scoring.run_topics)
+        run = self.run_file(teacher.name, scoring.candidates)
         made = self.line_runs.setdefault((teacher.name, scoring.depth), {})
         every_query = self.every_query_runs.get((teacher.name, scoring.depth))
         pieces = covering_pieces(made, scoring.lines)
         if scoring.queries is not None and every_query is not None:
-            self.cut_run(f"cut-{teacher.name}-{scoring.run_topics}", every_query, topics, run)
+            self.cut_run(f"cut-{teacher.name}-{scoring.candidates}", every_query, topics, run)
         elif pieces:
-            self.join_runs(f"join-{teacher.name}-{scoring.run_topics}", [made[piece] for piece in pieces], run)
+            self.join_runs(f"join-{teacher.name}-{scoring.candidates}", [made[piece] for piece in pieces], run)
         else:
             self.build_sidecar(teacher)
-            self.run(f"rerank-{teacher.name}-{scoring.run_topics}", [
+            self.run(f"rerank-{teacher.name}-{scoring.candidates}", [
                 *PY, "pyserini_mores.search", "--index", self.index, "--topics", topics,
                 *self.model_args(teacher), "--rerank-depth", str(scoring.depth), "--hits", str(scoring.depth),
                 "--precision", PRECISION, "--output", run], done=run)
@@ -548,21 +547,19 @@ class Pipeline:
         return path
 
     def compressor_dir(self, model: Model) -> Path:
-        """Where ``model``'s compressor is pre-trained: ``prettr-compressor`` for the collection's pairs (the short
-        schedule's one compressed row), ``NAME-compressor`` for its own triples' pairs."""
-        return self.model_dir("prettr-compressor" if model.compressor_texts == "collection"
-                              else f"{model.name}-compressor")
+        """Where ``model``'s compressor is pre-trained: ``NAME-compressor``."""
+        return self.model_dir(f"{model.name}-compressor")
 
     def pretrain_compressor(self, model: Model) -> None:
         """``model``'s compressor, pre-trained under its ``init_from`` row's model (recipe prettr-compressor-debian)."""
         output = self.compressor_dir(model)
         texts = self.data / "collection.tsv" if model.compressor_texts == "collection" else \
             self.training_triples(model)
-        step = "compressor" if model.compressor_texts == "collection" else f"compressor-{model.name}"
-        self.run(step, [*PY, "pyserini_mores.train", "pretrain-compressor", "--recipe", "prettr-compressor-debian",
-                        "--texts", texts, "--output", output, "--resume",
-                        *(["--init", self.model_dir(model.init_from)] if model.init_from else [])],
-                 done=output / "compressor_pretraining.json", seconds_from=_summary_seconds)
+        self.run(f"compressor-{model.name}", [
+            *PY, "pyserini_mores.train", "pretrain-compressor", "--recipe", "prettr-compressor-debian",
+            "--texts", texts, "--output", output, "--resume",
+            *(["--init", self.model_dir(model.init_from)] if model.init_from else [])],
+            done=output / "compressor_pretraining.json", seconds_from=_summary_seconds)
 
     def steps_override(self, model: Model) -> int | None:
         """The ``--max-steps`` the row's training gets: the pipeline's, its short schedule's, or none (the

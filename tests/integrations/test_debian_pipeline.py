@@ -3,6 +3,7 @@ short schedule or with --full the recipes') and checks every command's arguments
 command."""
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -47,22 +48,22 @@ def test_dry_run_prints_every_step_in_order_and_their_arguments_parse(pipeline, 
     expected, scorings, mined = ["index", "bm25-test"], set(), set()
     rows = [model for model in pipeline.MODELS if not model.full_only]  # the default schedule's
     for model in rows:  # a starting point's sidecar is built before, every other sidecar after training
-        expected += (["compressor"] if model.compressor_texts == "collection" else []) + (
+        expected += ([f"compressor-{model.name}"] if model.compressor_texts == "collection" else []) + (
             [f"sidecar-{model.name}"] if model.sidecar_first else [])
         if model.teacher and (model.teacher, model.teacher_scoring) not in scorings:  # its run and triples, once
             scorings.add((model.teacher, model.teacher_scoring))
             scoring = model.teacher_scoring
-            topics, second, with_bm25 = scoring.topics, scoring.ensemble_with, scoring.bm25_alpha is not None
+            candidates, second, with_bm25 = scoring.candidates, scoring.ensemble_with, scoring.bm25_alpha is not None
             pair = model.teacher + (f"+{second}" if second else "")
             name = pair + ("+bm25" if with_bm25 else "")
             for teacher in (model.teacher, second) if second else (model.teacher,):  # each step once
                 built = f"sidecar-{teacher}" in expected or not pipeline.MODELS_BY_NAME[teacher].stores
                 expected += ([] if built else [f"sidecar-{teacher}"]) + (
-                    [] if f"rerank-{teacher}-{topics}" in expected else [f"rerank-{teacher}-{topics}"])
-            fusions = ([f"ensemble-{pair}-{topics}"] if second else []) + (
-                [f"ensemble-{name}-{topics}"] if with_bm25 else [])  # BM25's training run is made first
+                    [] if f"rerank-{teacher}-{candidates}" in expected else [f"rerank-{teacher}-{candidates}"])
+            fusions = ([f"ensemble-{pair}-{candidates}"] if second else []) + (
+                [f"ensemble-{name}-{candidates}"] if with_bm25 else [])  # BM25's training run is made first
             expected += [step for step in fusions if step not in expected]
-            expected += [f"negatives-{name}" + ("" if topics == "train" else f"-{topics}")]
+            expected += [f"negatives-{name}-{candidates}"]
         elif not model.teacher and model.bm25_negatives not in mined:  # BM25's training run once, each mining once
             expected += [] if mined else ["bm25-train"]
             mined.add(model.bm25_negatives)
@@ -100,22 +101,23 @@ def test_dry_run_prints_every_step_in_order_and_their_arguments_parse(pipeline, 
     # stage): the teacher reranks and scores every candidate of the BM25 top 16 of 2,000 training queries drawn at
     # random (seed 29), 8 scored negatives per query are mined from all 16, and the distillation continues from the
     # trained MORES 2xIB against the same S1 sidecar (its recipe's --doc-sidecar default finds it): no sidecar step
-    subset, ce_run = work / "queries.train2000.tsv", work / "runs" / "cross-encoder.train2000.trec"
-    scored, distilled = work / "triples.train.cross-encoder-train2000.tsv", work / "models" / "mores-2ib-distilled"
+    subset, ce_run = work / "queries.train2000.tsv", work / "runs" / "cross-encoder.train2000-top16.trec"
+    scored = work / "triples.train.cross-encoder-train2000-top16.tsv"
+    distilled = work / "models" / "mores-2ib-distilled"
     assert f"[queries-train2000] 2,000 training queries drawn at random (seed 29): {subset}\n" in out
-    assert (f"[rerank-cross-encoder-train2000] $ {python} -m pyserini_mores.search --index {work / 'index'} --topics "
-            f"{subset} --reranker cross-encoder --model {teacher} --rerank-depth 16 --hits 16 --precision auto "
-            f"--output {ce_run}\n") in out
-    assert (f"[negatives-cross-encoder-train2000] $ {python} -m pyserini_mores.train mine-negatives --run {ce_run} "
-            f"--index {work / 'index'} --topics {subset} --qrels {data_dir / 'qrels.train.txt'} "
+    assert (f"[rerank-cross-encoder-train2000-top16] $ {python} -m pyserini_mores.search --index {work / 'index'} "
+            f"--topics {subset} --reranker cross-encoder --model {teacher} --rerank-depth 16 --hits 16 "
+            f"--precision auto --output {ce_run}\n") in out
+    assert (f"[negatives-cross-encoder-train2000-top16] $ {python} -m pyserini_mores.train mine-negatives "
+            f"--run {ce_run} --index {work / 'index'} --topics {subset} --qrels {data_dir / 'qrels.train.txt'} "
             f"--negatives-per-query 8 --depth 16 --teacher-scores --output {scored}\n") in out
     assert (f"[train-mores-2ib-distilled] $ {python} -m pyserini_mores.train train --recipe mores-2ib-debian-distilled "
             f"--triples {scored} --output {distilled} --dev-topics {data_dir / 'queries.dev.tsv'} --dev-qrels "
             f"{data_dir / 'qrels.dev.txt'} --dev-index {work / 'index'} --max-steps 500 --resume "
             f"--init {work / 'models' / 'mores-2ib'}\n") in out
     assert (out.index("[train-cross-encoder] $") < out.index("[train-mores-2ib] $")
-            < out.index("[queries-train2000]") < out.index("[rerank-cross-encoder-train2000] $")
-            < out.index("[negatives-cross-encoder-train2000] $") < out.index("[train-mores-2ib-distilled] $")
+            < out.index("[queries-train2000]") < out.index("[rerank-cross-encoder-train2000-top16] $")
+            < out.index("[negatives-cross-encoder-train2000-top16] $") < out.index("[train-mores-2ib-distilled] $")
             < out.index("[train-maxsim] $"))
     assert "[sidecar-mores-2ib-distilled]" not in out
     assert (f"[rerank-mores-2ib-distilled-test] $ {python} -m pyserini_mores.search --index {work / 'index'} "
@@ -125,33 +127,35 @@ def test_dry_run_prints_every_step_in_order_and_their_arguments_parse(pipeline, 
     # Then, after MaxSim, the third stage: the cross-encoder and MaxSim each rerank the BM25 top 16 of 6,000 training
     # queries of the same shuffle, ensemble_teacher.py fuses the two runs (0.15 x the cross-encoder), negatives are
     # mined from the fused run, and the distilled row continues on them against the same sidecar
-    subset6k, ensemble_run = work / "queries.train6000.tsv", work / "runs" / "cross-encoder+maxsim.train6000.trec"
-    ce_run6k, maxsim_run6k = work / "runs" / "cross-encoder.train6000.trec", work / "runs" / "maxsim.train6000.trec"
+    subset6k, ensemble_run = work / "queries.train6000.tsv", work / "runs" / "cross-encoder+maxsim.train6000-top16.trec"
+    ce_run6k = work / "runs" / "cross-encoder.train6000-top16.trec"
+    maxsim_run6k = work / "runs" / "maxsim.train6000-top16.trec"
     assert f"[queries-train6000] 6,000 training queries drawn at random (seed 29): {subset6k}\n" in out
-    assert (f"[rerank-maxsim-train6000] $ {python} -m pyserini_mores.search --index {work / 'index'} --topics "
+    assert (f"[rerank-maxsim-train6000-top16] $ {python} -m pyserini_mores.search --index {work / 'index'} --topics "
             f"{subset6k} --reranker maxsim --model {work / 'models' / 'maxsim'} --rerank-depth 16 --hits 16 "
             f"--precision auto --output {maxsim_run6k}\n") in out
-    assert (f"[ensemble-cross-encoder+maxsim-train6000] $ {python} {pipeline.ENSEMBLE_SCRIPT} --first {ce_run6k} "
+    assert (f"[ensemble-cross-encoder+maxsim-train6000-top16] $ {python} {pipeline.ENSEMBLE_SCRIPT} --first {ce_run6k} "
             f"--second {maxsim_run6k} --alpha 0.15 --output {ensemble_run}\n") in out
-    ensemble_scored = work / "triples.train.cross-encoder+maxsim-train6000.tsv"
-    assert (f"[negatives-cross-encoder+maxsim-train6000] $ {python} -m pyserini_mores.train mine-negatives --run "
+    ensemble_scored = work / "triples.train.cross-encoder+maxsim-train6000-top16.tsv"
+    assert (f"[negatives-cross-encoder+maxsim-train6000-top16] $ {python} -m pyserini_mores.train mine-negatives --run "
             f"{ensemble_run} --index {work / 'index'} --topics {subset6k} --qrels {data_dir / 'qrels.train.txt'} "
             f"--negatives-per-query 8 --depth 16 --teacher-scores --output {ensemble_scored}\n") in out
     assert (f"[train-mores-2ib-ensemble] $ {python} -m pyserini_mores.train train --recipe mores-2ib-debian-ensemble "
             f"--triples {ensemble_scored} --output {work / 'models' / 'mores-2ib-ensemble'}") in out
     assert f"--max-steps 500 --resume --init {distilled}\n" in out
-    assert (out.index("[train-maxsim] $") < out.index("[rerank-cross-encoder-train6000] $")
-            < out.index("[rerank-maxsim-train6000] $") < out.index("[ensemble-cross-encoder+maxsim-train6000] $")
+    assert (out.index("[train-maxsim] $") < out.index("[rerank-cross-encoder-train6000-top16] $")
+            < out.index("[rerank-maxsim-train6000-top16] $")
+            < out.index("[ensemble-cross-encoder+maxsim-train6000-top16] $")
             < out.index("[train-mores-2ib-ensemble] $"))
     assert "[sidecar-mores-2ib-ensemble]" not in out
     # The three-way teacher: the same ensemble run fused once more with BM25's training run (0.85 x the ensemble),
     # mined again; MORES's fourth stage continues the third on it, the cross-encoder's second continues the first
-    three_way_run = work / "runs" / "cross-encoder+maxsim+bm25.train6000.trec"
-    assert (f"[ensemble-cross-encoder+maxsim+bm25-train6000] $ {python} {pipeline.ENSEMBLE_SCRIPT} --first "
+    three_way_run = work / "runs" / "cross-encoder+maxsim+bm25.train6000-top16.trec"
+    assert (f"[ensemble-cross-encoder+maxsim+bm25-train6000-top16] $ {python} {pipeline.ENSEMBLE_SCRIPT} --first "
             f"{ensemble_run} --second {work / 'runs' / 'bm25.train.trec'} --alpha 0.85 --output {three_way_run}\n"
             ) in out
-    three_way_scored = work / "triples.train.cross-encoder+maxsim+bm25-train6000.tsv"
-    assert (f"[negatives-cross-encoder+maxsim+bm25-train6000] $ {python} -m pyserini_mores.train mine-negatives "
+    three_way_scored = work / "triples.train.cross-encoder+maxsim+bm25-train6000-top16.tsv"
+    assert (f"[negatives-cross-encoder+maxsim+bm25-train6000-top16] $ {python} -m pyserini_mores.train mine-negatives "
             f"--run {three_way_run} --index {work / 'index'} --topics {subset6k} --qrels "
             f"{data_dir / 'qrels.train.txt'} --negatives-per-query 8 --depth 16 --teacher-scores --output "
             f"{three_way_scored}\n") in out
@@ -163,8 +167,9 @@ def test_dry_run_prints_every_step_in_order_and_their_arguments_parse(pipeline, 
             f"cross-encoder-debian-three-way --triples {three_way_scored} --output "
             f"{work / 'models' / 'cross-encoder-three-way'}") in out
     assert f"--max-steps 250 --resume --init {work / 'models' / 'cross-encoder'}\n" in out
-    assert out.count("[ensemble-cross-encoder+maxsim-train6000] $") == 1  # the two-way run is made once
-    assert (out.index("[train-mores-2ib-ensemble] $") < out.index("[ensemble-cross-encoder+maxsim+bm25-train6000] $")
+    assert out.count("[ensemble-cross-encoder+maxsim-train6000-top16] $") == 1  # the two-way run is made once
+    assert (out.index("[train-mores-2ib-ensemble] $")
+            < out.index("[ensemble-cross-encoder+maxsim+bm25-train6000-top16] $")
             < out.index("[train-mores-2ib-three-way] $") < out.index("[train-cross-encoder-three-way] $"))
     assert "[sidecar-mores-2ib-three-way]" not in out and "[sidecar-cross-encoder-three-way]" not in out
     # MORES's fifth stage continues the fourth from text on the same triples, then builds a sidecar of its own (its
@@ -181,10 +186,11 @@ def test_dry_run_prints_every_step_in_order_and_their_arguments_parse(pipeline, 
     # by its run over the training queries
     assert f"--recipe maxsim-debian --triples {work / 'triples.train.bm25-1x50.tsv'}" in out
     assert "--negatives-per-query 1 --depth 50" in out
-    assert (f"--rerank-depth 50 --hits 50 --precision auto --output {work / 'runs' / 'maxsim.train.trec'}") in out
-    assert f"--run {work / 'runs' / 'maxsim.train.trec'} --index" in out and "--teacher-scores" in out
-    assert f"--recipe mores-debian --triples {work / 'triples.train.maxsim.tsv'}" in out
-    assert f"--recipe tk-debian --triples {work / 'triples.train.maxsim.tsv'}" in out  # its recipe's loss: distill
+    assert (f"--rerank-depth 50 --hits 50 --precision auto --output {work / 'runs' / 'maxsim.train-top50.trec'}") in out
+    assert f"--run {work / 'runs' / 'maxsim.train-top50.trec'} --index" in out and "--teacher-scores" in out
+    assert f"--recipe mores-debian --triples {work / 'triples.train.maxsim-train-top50.tsv'}" in out
+    # its recipe's loss: distill
+    assert f"--recipe tk-debian --triples {work / 'triples.train.maxsim-train-top50.tsv'}" in out
     assert "--recipe mores-debian" in out and "--model-arg n_interaction_blocks=1" in out
     # MORES 1xIB starts from the trained MaxSim encoder and trains against its S1 sidecar
     maxsim = work / "models" / "maxsim"
@@ -197,12 +203,12 @@ def test_dry_run_prints_every_step_in_order_and_their_arguments_parse(pipeline, 
     # the sidecar of their start's layer-4 states, on MaxSim's scored triples
     assert ("[sidecar-prettr-l4] $ " + f"{python} -m pyserini_mores.sidecar build --index "
             f"{work / 'index'} --reranker prettr --model {maxsim} --model-arg join_layer=4") in out
-    assert (f"--recipe prettr-debian --triples {work / 'triples.train.maxsim.tsv'} "
+    assert (f"--recipe prettr-debian --triples {work / 'triples.train.maxsim-train-top50.tsv'} "
             f"--output {work / 'models' / 'prettr-l4'}") in out
     assert (f"--recipe prettr-compressor-debian --texts {data_dir / 'collection.tsv'} "
-            f"--output {work / 'models' / 'prettr-compressor'} --resume --init {maxsim}") in out
+            f"--output {work / 'models' / 'prettr-l4-e128-compressor'} --resume --init {maxsim}") in out
     assert ("[sidecar-prettr-l4-e128] $ " + f"{python} -m pyserini_mores.sidecar build --index "
-            f"{work / 'index'} --reranker prettr --model {work / 'models' / 'prettr-compressor'}") in out
+            f"{work / 'index'} --reranker prettr --model {work / 'models' / 'prettr-l4-e128-compressor'}") in out
     assert "--precision bf16" not in out  # auto: bf16 only where the CPU runs it natively
     assert not (tmp_path / "work").exists(), "a dry run must not write anything"
 
@@ -227,8 +233,8 @@ def test_a_model_that_starts_from_another_brings_it_along(pipeline, data_dir, tm
     assert ("also training cross-encoder, mores-2ib: mores-2ib, mores-2ib-distilled start from it or learn from it"
             in out)
     assert _steps(out) == ["index", "bm25-test", "bm25-train", "negatives-bm25-4x30", "train-cross-encoder",
-                           "sidecar-mores-2ib", "train-mores-2ib", "rerank-cross-encoder-train2000",
-                           "negatives-cross-encoder-train2000", "train-mores-2ib-distilled",
+                           "sidecar-mores-2ib", "train-mores-2ib", "rerank-cross-encoder-train2000-top16",
+                           "negatives-cross-encoder-train2000-top16", "train-mores-2ib-distilled",
                            "rerank-cross-encoder-test", "speed-cross-encoder", "rerank-mores-2ib-test",
                            "speed-mores-2ib", "rerank-mores-2ib-distilled-test", "speed-mores-2ib-distilled",
                            "eval-test"]
@@ -238,8 +244,8 @@ def test_a_model_that_learns_from_a_teacher_brings_it_along(pipeline, data_dir, 
     pipeline.main(["--data", str(data_dir), "--work", str(tmp_path / "w"), "--models", "mores-1ib", "--dry-run"])
     out = capsys.readouterr().out
     assert "also training maxsim: mores-1ib start from it or learn from it" in out
-    assert (out.index("[train-maxsim]") < out.index("[sidecar-maxsim]") < out.index("[rerank-maxsim-train]")
-            < out.index("[negatives-maxsim]") < out.index("[train-mores-1ib]"))
+    assert (out.index("[train-maxsim]") < out.index("[sidecar-maxsim]") < out.index("[rerank-maxsim-train-top50]")
+            < out.index("[negatives-maxsim-train-top50]") < out.index("[train-mores-1ib]"))
 
 
 def test_a_model_that_learns_from_an_ensemble_teacher_brings_both_teachers_along(pipeline, data_dir, tmp_path,
@@ -250,15 +256,15 @@ def test_a_model_that_learns_from_an_ensemble_teacher_brings_both_teachers_along
     assert ("also training cross-encoder, maxsim, mores-2ib, mores-2ib-distilled: mores-2ib, mores-2ib-distilled, "
             "mores-2ib-ensemble start from it or learn from it") in out
     assert "[train-mores-1ib]" not in out and "[train-tk]" not in out
-    assert (out.index("[train-maxsim]") < out.index("[sidecar-maxsim]") < out.index("[rerank-maxsim-train6000]")
-            < out.index("[ensemble-cross-encoder+maxsim-train6000]") < out.index("[train-mores-2ib-ensemble]"))
+    assert (out.index("[train-maxsim]") < out.index("[sidecar-maxsim]") < out.index("[rerank-maxsim-train6000-top16]")
+            < out.index("[ensemble-cross-encoder+maxsim-train6000-top16]") < out.index("[train-mores-2ib-ensemble]"))
 
 
 def test_dry_run_of_one_model_skips_what_it_does_not_need(pipeline, data_dir, tmp_path, capsys):
     pipeline.main(["--data", str(data_dir), "--work", str(tmp_path / "w"), "--models", "tk", "--splits", "dev",
                    "test", "--dry-run"])
     out = capsys.readouterr().out
-    assert "[compressor]" not in out and "[train-cross-encoder]" not in out
+    assert "[compressor-prettr-l4-e128]" not in out and "[train-cross-encoder]" not in out
     assert "[rerank-tk-dev]" in out and "[rerank-tk-test]" in out and "--baseline" not in out
 
 
@@ -316,7 +322,7 @@ def test_the_short_schedule_by_default_and_the_recipes_own_with_full(pipeline, d
     assert _schedules(out)["mores-2ib-distilled"] == _recipe_steps(distilled)
     assert "--max-steps" not in commands["mores-2ib-distilled"]
     assert "--recipe mores-2ib-debian-distilled" in commands["mores-2ib-distilled"]
-    assert (_steps(out).index("train-mores-2ib") < _steps(out).index("rerank-cross-encoder-train2000")
+    assert (_steps(out).index("train-mores-2ib") < _steps(out).index("rerank-cross-encoder-train2000-top16")
             < _steps(out).index("train-mores-2ib-distilled") < _steps(out).index("train-maxsim"))
 
     pipeline.main(["--data", str(data_dir), "--work", str(tmp_path / "w"), "--dry-run", "--max-steps", "7"])
@@ -338,20 +344,20 @@ def test_the_shipped_mores_last_two_stages_run_only_with_full(pipeline, data_dir
     pipeline.main(["--data", str(data_dir), "--work", str(work), "--dry-run", "--full"])
     out = capsys.readouterr().out
     commands, models = _train_commands(out), work / "models"
-    three_way = work / "triples.train.cross-encoder+maxsim+bm25-train6000.tsv"
+    three_way = work / "triples.train.cross-encoder+maxsim+bm25-train6000-top16.tsv"
     assert (f"[train-mores-2ib-from-text-more] $ {python} -m pyserini_mores.train train --recipe "
             f"mores-2ib-debian-from-text-more --triples {three_way} --output {models / 'mores-2ib-from-text-more'}") \
         in out
     assert commands["mores-2ib-from-text-more"].endswith(f"--resume --init {models / 'mores-2ib-from-text'}")
     # the second-stage cross-encoder scores the BM25 top 16 of every training query, not a subset
-    ce_run = work / "runs" / "cross-encoder-three-way.train.trec"
-    scored = work / "triples.train.cross-encoder-three-way.tsv"
-    assert (f"[rerank-cross-encoder-three-way-train] $ {python} -m pyserini_mores.search --index {work / 'index'} "
-            f"--topics {data_dir / 'queries.train.tsv'} --reranker cross-encoder --model "
+    ce_run = work / "runs" / "cross-encoder-three-way.train-top16.trec"
+    scored = work / "triples.train.cross-encoder-three-way-train-top16.tsv"
+    assert (f"[rerank-cross-encoder-three-way-train-top16] $ {python} -m pyserini_mores.search "
+            f"--index {work / 'index'} --topics {data_dir / 'queries.train.tsv'} --reranker cross-encoder --model "
             f"{models / 'cross-encoder-three-way'} --rerank-depth 16 --hits 16 --precision auto --output {ce_run}\n") \
         in out
-    assert (f"[negatives-cross-encoder-three-way] $ {python} -m pyserini_mores.train mine-negatives --run {ce_run} "
-            f"--index {work / 'index'} --topics {data_dir / 'queries.train.tsv'} --qrels "
+    assert (f"[negatives-cross-encoder-three-way-train-top16] $ {python} -m pyserini_mores.train mine-negatives "
+            f"--run {ce_run} --index {work / 'index'} --topics {data_dir / 'queries.train.tsv'} --qrels "
             f"{data_dir / 'qrels.train.txt'} --negatives-per-query 8 --depth 16 --teacher-scores --output {scored}\n") \
         in out
     assert (f"[train-mores-2ib-all-queries] $ {python} -m pyserini_mores.train train --recipe "
@@ -360,7 +366,7 @@ def test_the_shipped_mores_last_two_stages_run_only_with_full(pipeline, data_dir
     steps = _steps(out)
     assert (steps.index("train-mores-2ib-from-text") < steps.index("train-mores-2ib-from-text-more")
             < steps.index("train-mores-2ib-all-queries"))
-    assert steps.index("train-cross-encoder-three-way") < steps.index("rerank-cross-encoder-three-way-train") \
+    assert steps.index("train-cross-encoder-three-way") < steps.index("rerank-cross-encoder-three-way-train-top16") \
         < steps.index("train-mores-2ib-all-queries")
     assert "rerank-mores-2ib-all-queries-test" in steps and "sidecar-mores-2ib-all-queries" in steps
 
@@ -383,19 +389,19 @@ def test_the_shipped_tk_stages_run_only_with_full_on_the_all_query_teacher(pipel
     pipeline.main(["--data", str(data_dir), "--work", str(work), "--dry-run", "--full"])
     out = capsys.readouterr().out
     commands, models, steps = _train_commands(out), work / "models", _steps(out)
-    scored = work / "triples.train.cross-encoder-three-way.tsv"
+    scored = work / "triples.train.cross-encoder-three-way-train-top16.tsv"
     assert (f"[train-tk-all-queries] $ {python} -m pyserini_mores.train train --recipe tk-debian-all-queries "
             f"--triples {scored} --output {models / 'tk-all-queries'}") in out
     assert "--init" not in commands["tk-all-queries"]
     for before, stage in zip(stages, stages[1:]):
         assert commands[stage].endswith(f"--resume --init {models / before}")
         assert steps.index(f"train-{before}") < steps.index(f"train-{stage}")
-    assert steps.count("negatives-cross-encoder-three-way") == 1
-    assert steps.count("rerank-cross-encoder-three-way-train") == 1  # one teacher run, mined twice
-    ce_run, all_negatives = work / "runs" / "cross-encoder-three-way.train.trec", \
-        work / "triples.train.cross-encoder-three-way-15-negatives.tsv"
-    assert (f"[negatives-cross-encoder-three-way-15-negatives] $ {python} -m pyserini_mores.train mine-negatives "
-            f"--run {ce_run} --index {work / 'index'} --topics {data_dir / 'queries.train.tsv'} --qrels "
+    assert steps.count("negatives-cross-encoder-three-way-train-top16") == 1
+    assert steps.count("rerank-cross-encoder-three-way-train-top16") == 1  # one teacher run, mined twice
+    ce_run, all_negatives = work / "runs" / "cross-encoder-three-way.train-top16.trec", \
+        work / "triples.train.cross-encoder-three-way-train-top16-15-negatives.tsv"
+    assert (f"[negatives-cross-encoder-three-way-train-top16-15-negatives] $ {python} -m pyserini_mores.train "
+            f"mine-negatives --run {ce_run} --index {work / 'index'} --topics {data_dir / 'queries.train.tsv'} --qrels "
             f"{data_dir / 'qrels.train.txt'} --negatives-per-query 15 --depth 16 --teacher-scores --output "
             f"{all_negatives}\n") in out
     assert f"--recipe tk-debian-all-negatives --triples {all_negatives} " in commands["tk-all-negatives"]
@@ -407,10 +413,10 @@ def test_the_shipped_tk_stages_run_only_with_full_on_the_all_query_teacher(pipel
     assert commands["tk-all-negatives-again"].endswith(f"--resume --init {models / 'tk-all-negatives'}")
     assert f"--recipe tk-debian-all-negatives-again --triples {all_negatives} " in commands["tk-all-negatives-again"]
     first = work / "queries.train-first8000.tsv"
-    deep_run = work / "runs" / "cross-encoder-three-way.train-first8000.trec"
-    deep = work / "triples.train.cross-encoder-three-way-train-first8000.tsv"
+    deep_run = work / "runs" / "cross-encoder-three-way.train-first8000-top30.trec"
+    deep = work / "triples.train.cross-encoder-three-way-train-first8000-top30.tsv"
     assert f"[queries-train-first8000] 8,000 training queries from the top of the file: {first}\n" in out
-    assert (f"[rerank-cross-encoder-three-way-train-first8000] $ {python} -m pyserini_mores.search --index "
+    assert (f"[rerank-cross-encoder-three-way-train-first8000-top30] $ {python} -m pyserini_mores.search --index "
             f"{work / 'index'} --topics {first} --reranker cross-encoder --model {models / 'cross-encoder-three-way'} "
             f"--rerank-depth 30 --hits 30 ") in out
     assert (f"--run {deep_run} --index {work / 'index'} --topics {first} --qrels {data_dir / 'qrels.train.txt'} "
@@ -511,6 +517,24 @@ def _pipeline_recording_commands(pipeline, data_dir, tmp_path, monkeypatch):
     return pipeline.Pipeline(data_dir, tmp_path / "w", [], ["test"], 100, 5, None), ran
 
 
+def test_two_scorings_of_the_same_candidates_need_a_name_for_the_others_negatives(pipeline, data_dir, tmp_path,
+                                                                                  monkeypatch):
+    made, ran = _pipeline_recording_commands(pipeline, data_dir, tmp_path, monkeypatch)
+    teacher = pipeline.MODELS_BY_NAME["cross-encoder"]
+    first = pipeline.TeacherScoring(depth=16, negatives=8, negative_depth=16)
+    made.scored_triples(teacher, first)
+    with pytest.raises(ValueError, match=r"two scorings of cross-encoder's train-top16 would write the same run and "
+                                         r"triples: name the other's negatives \(mining\) or give it other queries"):
+        made.scored_triples(teacher, dataclasses.replace(first, negatives=15))
+    reranked = len(ran)
+    named = made.scored_triples(teacher, dataclasses.replace(first, negatives=15, mining="15-negatives"))
+    assert named == tmp_path / "w" / "triples.train.cross-encoder-train-top16-15-negatives.tsv"
+    assert len(ran) == reranked + 1 and ran[-1][3] == "mine-negatives", "the same teacher run, mined once more"
+    # at another depth the candidates are others: their own run and triples, no name needed
+    assert made.scored_triples(teacher, dataclasses.replace(first, depth=30)).name == \
+        "triples.train.cross-encoder-train-top30.tsv"
+
+
 def test_an_average_its_sidecar_and_runs_are_made_again_when_an_ingredient_is_retrained(pipeline, data_dir, tmp_path,
                                                                                      monkeypatch, capsys):
     made, ran = _pipeline_recording_commands(pipeline, data_dir, tmp_path, monkeypatch)
@@ -593,8 +617,8 @@ def test_the_shipped_mores_1ib_is_folded_from_the_shipped_2ib_and_reads_its_side
         < steps.index("train-mores-1ib-depth-30")
     assert steps.count("sidecar-mores-2ib-all-queries") == 1
     assert not {"sidecar-mores-1ib-depth-30", "sidecar-mores-1ib-depth-30-more"} & set(steps)
-    first8000 = work / "triples.train.cross-encoder-three-way-train-first8000.tsv"
-    first14000 = work / "triples.train.cross-encoder-three-way-train-first14000.tsv"
+    first8000 = work / "triples.train.cross-encoder-three-way-train-first8000-top30.tsv"
+    first14000 = work / "triples.train.cross-encoder-three-way-train-first14000-top30.tsv"
     assert f"--recipe mores-1ib-debian-depth-30 --triples {first8000} " in commands["mores-1ib-depth-30"]
     assert commands["mores-1ib-depth-30"].endswith(f"--resume --init {start}")
     assert f"--recipe mores-1ib-debian-depth-30-more --triples {first14000} " in commands["mores-1ib-depth-30-more"]
@@ -611,10 +635,11 @@ def test_the_shipped_mores_1ib_ends_on_top_100_groups_of_unseen_queries_against_
     out, commands, steps = _dry_run_of(pipeline, data_dir, work, "mores-1ib-depth-100", capsys)
     models = work / "models"
     assert "[queries-train14001-16000] 2,000 training queries after the file's first 14,000" in out
-    assert "--rerank-depth 100 --hits 100 " in out.split("[rerank-cross-encoder-three-way-train14001-16000] $ ")[1]
+    deep_rerank = out.split("[rerank-cross-encoder-three-way-train14001-16000-top100] $ ")[1]
+    assert "--rerank-depth 100 --hits 100 " in deep_rerank
     assert "--negatives-per-query 99 --depth 100 --teacher-scores" in out.split(
-        "[negatives-cross-encoder-three-way-train14001-16000] $ ")[1].splitlines()[0]
-    next2000 = work / "triples.train.cross-encoder-three-way-train14001-16000.tsv"
+        "[negatives-cross-encoder-three-way-train14001-16000-top100] $ ")[1].splitlines()[0]
+    next2000 = work / "triples.train.cross-encoder-three-way-train14001-16000-top100.tsv"
     assert f"--recipe mores-1ib-debian-depth-100 --triples {next2000} " in commands["mores-1ib-depth-100"]
     assert commands["mores-1ib-depth-100"].endswith(f"--resume --init {models / 'mores-1ib-depth-30-more'}")
     assert steps.index("train-mores-1ib-depth-30-more") < steps.index("train-mores-1ib-depth-100")
@@ -624,7 +649,7 @@ def test_the_shipped_mores_1ib_ends_on_top_100_groups_of_unseen_queries_against_
 def test_the_shipped_mores_2ib_ends_on_top_100_groups_against_its_own_sidecar(pipeline, data_dir, tmp_path, capsys):
     work = tmp_path / "w"
     out, commands, steps = _dry_run_of(pipeline, data_dir, work, "mores-2ib-depth-100", capsys)
-    next2000 = work / "triples.train.cross-encoder-three-way-train14001-16000.tsv"
+    next2000 = work / "triples.train.cross-encoder-three-way-train14001-16000-top100.tsv"
     assert f"--recipe mores-2ib-debian-depth-100 --triples {next2000} " in commands["mores-2ib-depth-100"]
     assert commands["mores-2ib-depth-100"].endswith(f"--resume --init {work / 'models' / 'mores-2ib-all-queries'}")
     # trained against the sidecar of the row it starts from, built before it trains, and not built again
@@ -641,7 +666,7 @@ def test_the_shipped_tk_is_the_soup_widened_and_trained_on_the_next_queries(pipe
             f"--ffn-dim 400 --seed 47 --output {start}\n") in out
     assert steps.index("average-tk-soup") < steps.index("widen-tk-wide") < steps.index("train-tk-wide")
     assert "[queries-train8001-14000] 6,000 training queries after the file's first 8,000" in out
-    next6000 = work / "triples.train.cross-encoder-three-way-train8001-14000.tsv"
+    next6000 = work / "triples.train.cross-encoder-three-way-train8001-14000-top30.tsv"
     assert f"--recipe tk-debian-depth-30-wide --triples {next6000} " in commands["tk-wide"]
     assert commands["tk-wide"].endswith(f"--resume --init {start}")
 
@@ -676,18 +701,18 @@ def test_a_teachers_run_over_queries_it_reranked_in_pieces_is_joined_not_reranke
     teacher = pipeline.MODELS_BY_NAME["cross-encoder-three-way"]
     first, second = (pipeline.TeacherScoring(depth=30, queries=2), pipeline.TeacherScoring(depth=30, queries=1, skip=2))
     for scoring, text in ((first, "q1 Q0 d1 1 9.5 t\nq2 Q0 d2 1 8.0 t\n"), (second, "q3 Q0 d3 1 7.25 t\n")):
-        run = made.run_file(teacher.name, scoring.topics)
+        run = made.run_file(teacher.name, scoring.candidates)
         run.parent.mkdir(exist_ok=True)
         run.write_text(text)  # as the reranking step would have written it
         made.teacher_run(teacher, scoring, tmp_path / "topics.tsv")
     reranked = len(ran)
     joined = made.teacher_run(teacher, pipeline.TeacherScoring(depth=30, queries=3), tmp_path / "topics.tsv")
-    assert len(ran) == reranked and joined == made.run_file(teacher.name, "train-first3")
+    assert len(ran) == reranked and joined == made.run_file(teacher.name, "train-first3-top30")
     assert joined.read_text() == "q1 Q0 d1 1 9.5 t\nq2 Q0 d2 1 8.0 t\nq3 Q0 d3 1 7.25 t\n"
-    assert (f"[join-cross-encoder-three-way-train-first3] cross-encoder-three-way.train-first2.trec, "
-            f"cross-encoder-three-way.train3-3.trec joined, not reranked again: {joined}") in capsys.readouterr().out
-    # at another depth the pieces are other candidates: reranked (into the same file name, so the join goes first)
-    joined.unlink()
+    assert (f"[join-cross-encoder-three-way-train-first3-top30] cross-encoder-three-way.train-first2-top30.trec, "
+            f"cross-encoder-three-way.train3-3-top30.trec joined, not reranked again: {joined}"
+            ) in capsys.readouterr().out
+    # at another depth the pieces are other candidates: reranked
     made.teacher_run(teacher, pipeline.TeacherScoring(depth=16, queries=3), tmp_path / "topics.tsv")
     assert len(ran) == reranked + 1 and ran[-1][ran[-1].index("--rerank-depth") + 1] == "16"
 
@@ -697,11 +722,12 @@ def test_the_full_schedules_first_14000_teacher_run_joins_the_first_8000_and_the
     work = tmp_path / "w"
     pipeline.main(["--data", str(data_dir), "--work", str(work), "--dry-run", "--full"])
     out = capsys.readouterr().out
-    assert "rerank-cross-encoder-three-way-train-first14000" not in _steps(out)
+    assert "rerank-cross-encoder-three-way-train-first14000-top30" not in _steps(out)
     runs = work / "runs"
-    assert (f"[join-cross-encoder-three-way-train-first14000] cross-encoder-three-way.train-first8000.trec, "
-            f"cross-encoder-three-way.train8001-14000.trec joined, not reranked again: "
-            f"{runs / 'cross-encoder-three-way.train-first14000.trec'}") in out
+    assert (f"[join-cross-encoder-three-way-train-first14000-top30] "
+            f"cross-encoder-three-way.train-first8000-top30.trec, cross-encoder-three-way.train8001-14000-top30.trec "
+            f"joined, not reranked again: "
+            f"{runs / 'cross-encoder-three-way.train-first14000-top30.trec'}") in out
 
 
 def test_the_shipped_prettr_e128s_stages_run_only_with_full_and_compress_last(pipeline, data_dir, tmp_path, capsys):
@@ -715,7 +741,7 @@ def test_the_shipped_prettr_e128s_stages_run_only_with_full_and_compress_last(pi
     assert (f"[sidecar-prettr-from-ce] $ {python} -m pyserini_mores.sidecar build --index {work / 'index'} "
             f"--reranker prettr --model {models / 'cross-encoder-three-way'} --model-arg join_layer=4 ") in out
     assert steps.index("sidecar-prettr-from-ce") < steps.index("train-prettr-from-ce")
-    mores30 = work / "triples.train.mores-2ib-all-queries-train-first8000.tsv"
+    mores30 = work / "triples.train.mores-2ib-all-queries-train-first8000-top30.tsv"
     assert f"--recipe prettr-debian-from-ce --triples {mores30} " in commands["prettr-from-ce"]
     assert commands["prettr-from-ce"].endswith(f"--resume --init {models / 'cross-encoder-three-way'}")
     assert "[train-prettr-from-ce] 2,250 steps of a 5,000-step schedule (the recipe's stop_at_step)" in out
@@ -723,8 +749,8 @@ def test_the_shipped_prettr_e128s_stages_run_only_with_full_and_compress_last(pi
     # the cross-encoder's top 16 of the same queries, cut from its run over every training query, not reranked
     top16 = runs / "cross-encoder-three-way.train-first8000-top16.trec"
     assert (f"[cut-cross-encoder-three-way-train-first8000-top16] queries.train-first8000.tsv's queries cut from "
-            f"cross-encoder-three-way.train.trec, not reranked again: {top16}") in out
-    assert not [step for step in steps if step.startswith("rerank-cross-encoder-three-way-train-first8000")]
+            f"cross-encoder-three-way.train-top16.trec, not reranked again: {top16}") in out
+    assert not [step for step in steps if step.startswith("rerank-cross-encoder-three-way-train-first8000-top30")]
     ce16 = work / "triples.train.cross-encoder-three-way-train-first8000-top16.tsv"
     assert f"--run {top16} " in out.split("[negatives-cross-encoder-three-way-train-first8000-top16] $ ")[1]
     assert f"--recipe prettr-debian-from-text-ce --triples {ce16} " in commands["prettr-from-text-ce"]
@@ -742,14 +768,14 @@ def test_a_teachers_run_over_some_training_queries_is_cut_from_its_run_over_all_
                                                                                         tmp_path, monkeypatch):
     made, ran = _pipeline_recording_commands(pipeline, data_dir, tmp_path, monkeypatch)
     teacher = pipeline.MODELS_BY_NAME["cross-encoder-three-way"]
-    every = made.run_file(teacher.name, "train")
+    every = made.run_file(teacher.name, "train-top16")
     every.parent.mkdir()
     every.write_text("q1 Q0 d1 1 9.5 t\nq1 Q0 d2 2 3.0 t\nq2 Q0 d3 1 8.0 t\nq3 Q0 d4 1 7.25 t\n")
     made.teacher_run(teacher, pipeline.TeacherScoring(depth=16), data_dir / "queries.train.tsv")  # found made
     reranked = len(ran)
     topics = tmp_path / "topics.tsv"
     topics.write_text("q3\tthird\nq1\tfirst\n")
-    cut = made.teacher_run(teacher, pipeline.TeacherScoring(depth=16, queries=2, depth_in_name=True), topics)
+    cut = made.teacher_run(teacher, pipeline.TeacherScoring(depth=16, queries=2), topics)
     assert len(ran) == reranked and cut == made.run_file(teacher.name, "train-first2-top16")
     assert cut.read_text() == "q3 Q0 d4 1 7.25 t\nq1 Q0 d1 1 9.5 t\nq1 Q0 d2 2 3.0 t\n", "the topics' order"
     made.teacher_run(teacher, pipeline.TeacherScoring(depth=30, queries=2), topics)
