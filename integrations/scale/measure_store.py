@@ -19,7 +19,7 @@ bytes (all reads issued at once; the reader does not do this today: measured to 
 ``--no-random-advice`` maps ``tokens.bin`` without the reader's ``MADV_RANDOM``, to reproduce the numbers from before
 it (every page fault then also reads the device's readahead window).
 
-Example (the 1M-document measurement of issue 7)::
+Example (a store of 1M documents)::
 
     python integrations/scale/measure_store.py --num-docs 1000000 --dim 128 \\
         --output /work/data/scale/store-1m-128 --json /work/data/scale/measure-1m-128.json

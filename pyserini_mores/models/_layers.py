@@ -70,11 +70,8 @@ def attention_context(queries: torch.Tensor, keys: torch.Tensor, values: torch.T
 
     While autograd records on CPU, attention of short query sides (≤ :data:`WRITTEN_OUT_MAX_QUERIES` rows: MORES's
     blocks, every model's query encoder) is written out with an fp32 softmax, because the fused CPU kernel's backward
-    is slow with few query rows. Forward + backward, bf16, 12 heads of 32, median of 5 side by side (issue 6): 16 query
-    x 128 document tokens for 288 candidates (MORES's cross-attention in a training batch) 175 ms fused, 59 ms written
-    out; 16 x 16 for 288, 121 ms against 8.5 ms. At 32 query rows both took 177 ms, and with 64 or more the fused
-    kernel won (128 x 128 for 128 sequences: 274 ms against 423 ms), so long sequences and every call without
-    gradients (reranking, sidecar builds) keep it.
+    is slow with few query rows; with many rows the fused kernel is the faster one, so long sequences and every call
+    without gradients (reranking, sidecar builds) keep it.
     """
     if queries.shape[-2] > WRITTEN_OUT_MAX_QUERIES or queries.device.type != "cpu" or not (
             torch.is_grad_enabled() and any(t.requires_grad for t in (queries, keys, values))):

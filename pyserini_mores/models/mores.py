@@ -398,11 +398,8 @@ class MoresModel(RankingModel):
     layer_stack = "document_module.layers."
     starts_from_rankers = True
     explanation = "attention"
-    # bf16 scores with autocast alone: the bf16 weight copy keeps the query rows' residual stream in bf16 through
-    # L-K layers and K blocks. Trained debian MORES 2xIB, 1,000 dev queries x BM25 top 30 through the search CLI,
-    # MRR@10 (issue 9): fp32 0.5407; autocast 0.5404, weight copy 0.5380 (both with the fp32 score head). Side by
-    # side in one benchmark run both paths took the same time within the machine's noise (2xIB S2, BERT-base d=128
-    # 1,582 / 1,759 ms, d=512 2,356 / 2,262 ms; MiniLM 538 / 560 and 848 / 859 ms, copy / autocast).
+    # bf16 scores with autocast alone: a bf16 weight copy would keep the query rows' residual stream in bf16 through
+    # L-K layers and K blocks, which costs ranking quality (autocast keeps it in fp32) and saves no time.
     bf16_weight_copy = False
     #: documents per encoder call in :meth:`score_texts` (an attribute, not config: it never changes scores)
     batch_size: int = 128
@@ -517,8 +514,8 @@ class MoresModel(RankingModel):
     def stored_heads(self) -> int | None:
         """Reuse-S2 batches come head-major (``s2_reads``, by default for heads ≥ 64 wide): each block's stored keys
         and values split into attention heads, every head's rows contiguous, which torch's attention reads ~1.9x
-        faster than strided token-major views (measured at d=512 on this project's 2-core CPU; see issue 9's note),
-        at the cost of a slower gather. S1 rows are projected by GEMMs: token-major."""
+        faster than strided token-major views, at the cost of a slower gather. S1 rows are projected by GEMMs:
+        token-major."""
         if self.config.reuse == "s1" or self.config.s2_reads == "tokens":
             return None
         encoder = self.config.encoder
@@ -855,10 +852,9 @@ class MoresModel(RankingModel):
 
         While training, only real tokens are projected (``doc_mask [B, 1, 1, d]``); padding slots get zero keys and
         values, which the attention masks out like the bias-only rows they would otherwise be. Batches are padded to
-        their longest document, so with debian-packages' 80-token average in 128-token batches a third of the
-        projections (and of their weight gradients) were padding: training against the S1 sidecar ran at 1.08-1.22x
-        the pairs/s (side by side, issue 6). Reranking keeps the padded product, whose gather and scatter cost what
-        they save (1000 candidates: 877-981 ms per query packed against 814-1,067 ms padded, same run).
+        their longest document, so with short documents in long batches much of the projection work (and of its
+        weight gradients) would be padding. Reranking keeps the padded product: without gradients, the gather and
+        scatter cost what they save.
         """
         blocks = self.interaction_module.blocks
         real = doc_mask[:, 0, 0, :]

@@ -163,8 +163,8 @@ class StoredRankingObjective(nn.Module):
 
     Every group's query is encoded in one call and its state repeated for the group's candidates, so that the whole
     batch is one ``score`` call: the query states of a batch-B ``score`` may be per candidate (every model accepts a
-    query state of batch 1 or B). A call per group cost 36 small forwards and backwards per step of the debian MORES
-    recipe; one call gives 1.13-1.17x the pairs per second (measured side by side, issue 6).
+    query state of batch 1 or B). A call per group would cost one small forward and backward per group of the step;
+    one call for the batch trains more pairs per second.
     """
 
     def __init__(self, model: nn.Module, loss: str = "pointwise", margin: float = 1.0, temperature: float = 1.0,
