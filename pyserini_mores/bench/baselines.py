@@ -21,7 +21,7 @@ from torch import nn
 
 from ..models._layers import convert_hf_bert_state_dict
 from ..models.cross_encoder import CrossEncoder
-from ..models.flops import EncoderShape, FlopCount, Term, bert_layer, linear
+from .flops import EncoderShape, FlopCount, Term, bert_layer, linear
 from .names import BASELINES, HF_BERT, ST_CROSS_ENCODER
 
 #: the project's cross-encoder, whose weights the baselines run
@@ -172,7 +172,7 @@ def _quiet_transformers():
 def baseline_flops(shape: EncoderShape, query_tokens: int, doc_tokens: int) -> FlopCount:
     """FLOPs of Hugging Face's BERT classifier on one pair: every layer over every row (the project's cross-encoder
     computes only the [CLS] row of its last layer), the pooler and a one-logit head. Notation in
-    :mod:`pyserini_mores.models.flops`."""
+    :mod:`.flops`."""
     joint = query_tokens + doc_tokens
     return FlopCount((
         Term("encoder", shape.layers * bert_layer(joint, shape)),

@@ -26,8 +26,9 @@ import numpy as np
 import torch
 
 from ..precision import resolve_device
-from . import baselines, machine, workload
+from . import baselines, machine, model_flops, workload
 from . import flops as flop_formulas
+from .model_hooks import benchmark_hooks
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +158,7 @@ class _Cell:
         # BM25 order has nothing to do with index order: candidates arrive as a random permutation of rows
         self.rows = np.random.default_rng(config.seed + 2).permutation(config.candidates)
         self.shape = flop_formulas.EncoderShape.from_dims(workload.backbone_dims(backbone))
-        self.cross_encoder_flops = flop_formulas.cross_encoder_flops(
+        self.cross_encoder_flops = model_flops.cross_encoder_flops(
             self.shape, self.lengths.query_len, self.lengths.joint_doc_len - 1).total(config.candidates)
 
     def measure(self, variant: workload.Variant, peaks: dict, progress) -> tuple[list[dict], list[dict]]:
@@ -197,7 +198,7 @@ class _Cell:
                 progress(f"{self.backbone} d={lengths.doc_len} {variant.key} {precision}: timing")
                 timing = _time_reranker(model, reader, candidates, self.query_text, precision, config, self.device)
                 records.append(self.record(variant, precision, timing, count, storage, peaks,
-                                           joint=model.joint_input, path="text" if reader is None else "sidecar"))
+                                           joint=benchmark_hooks(variant.model).joint_input, path="text" if reader is None else "sidecar"))
                 self._report(records[-1], progress)
                 if compared is not None:  # timed next to the cross-encoder, at the same precision
                     records += compared.measure(precision, peaks)

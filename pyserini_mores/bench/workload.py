@@ -6,8 +6,8 @@ Stored rows are random vectors of the exact shape the model's ``encode_documents
 document): encoding 1000 documents of 512 tokens with a 12-layer encoder would cost as much as the cross-encoder
 run itself, and values do not change the time of any kernel.
 
-What differs between models — their variants, how they read a document, their FLOP count — is declared by each model
-class (:class:`~pyserini_mores.models.base.RankingModel`); this module holds none of it.
+What differs between models — their variants, how they read a document, their FLOP count — is declared per model
+type in :mod:`.model_hooks`; this module holds none of it.
 """
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..models.flops import FlopCount
 from ..models.registry import model_class, model_types
+from . import model_hooks
+from .flops import FlopCount
 
 logger = logging.getLogger(__name__)
 
@@ -75,16 +76,16 @@ class Variant:
 
 
 def variants_for(num_layers: int, compression_dim: int = PRETTR_COMPRESSION_DIM) -> list[Variant]:
-    """Every variant the benchmark knows for an encoder of ``num_layers`` layers: each registered model's own
-    (:meth:`~pyserini_mores.models.base.RankingModel.benchmark_variants`), in registry order."""
+    """Every variant the benchmark knows for an encoder of ``num_layers`` layers: those of each registered model
+    type that it measures (:attr:`.model_hooks.BenchmarkHooks.variants`), in registry order."""
     return [Variant(model_type, name, tuple(sorted(options.items())))
-            for model_type in model_types()
-            for name, options in model_class(model_type).benchmark_variants(num_layers, compression_dim)]
+            for model_type in model_types() if model_type in model_hooks.BENCHMARKS
+            for name, options in model_hooks.BENCHMARKS[model_type].variants(num_layers, compression_dim)]
 
 
 def feasible(variant: Variant, num_layers: int) -> str | None:
     """Why ``variant`` cannot be built at ``num_layers`` layers, or ``None``."""
-    return model_class(variant.model).benchmark_skip_reason(variant.config, num_layers)
+    return model_hooks.benchmark_hooks(variant.model).skip_reason(variant.config, num_layers)
 
 
 def backbone_variants(backbone: str) -> list[Variant]:
@@ -170,7 +171,7 @@ def cell_lengths(backbone: str, query_len: int, doc_len: int) -> Lengths:
 def doc_tokens(variant: Variant, lengths: Lengths) -> int:
     """The document tokens the model of ``variant`` reads in this cell (see :class:`Lengths`), which are also the
     rows it stores per document."""
-    return lengths.joint_doc_len - 1 if model_class(variant.model).joint_input else lengths.doc_len
+    return lengths.joint_doc_len - 1 if model_hooks.benchmark_hooks(variant.model).joint_input else lengths.doc_len
 
 
 def build_model(variant: Variant, backbone: str, lengths: Lengths):
@@ -178,22 +179,22 @@ def build_model(variant: Variant, backbone: str, lengths: Lengths):
     import torch
 
     spec = BACKBONES[backbone]
-    cls = model_class(variant.model)
+    cls, hooks = model_class(variant.model), model_hooks.benchmark_hooks(variant.model)
     options = {**spec.model_options.get(variant.model, {}), **variant.config}
     limits = {"query_max_length": lengths.query_len,
-              "doc_max_length": lengths.joint_doc_len if cls.joint_input else lengths.doc_len}
+              "doc_max_length": lengths.joint_doc_len if hooks.joint_input else lengths.doc_len}
     if spec.pretrained:
         return cls.from_backbone(spec.pretrained, **limits, **options).eval()
     dims = replace(backbone_dims(backbone), max_position_embeddings=lengths.max_positions)
     tokenizer = minilm_tokenizer()
     torch.manual_seed(0)
-    config = cls.random_config(dims, tokenizer, backbone=f"random:{backbone}", **limits, **options)
+    config = hooks.random_config(cls, dims, tokenizer, backbone=f"random:{backbone}", **limits, **options)
     return cls(config, tokenizer).eval()
 
 
 def flop_count(variant: Variant, model, lengths: Lengths) -> FlopCount:
     """The analytic online FLOPs of ``model`` (built from ``variant``) on this cell's token counts."""
-    return model.flops(lengths.query_len, doc_tokens(variant, lengths))
+    return model_hooks.benchmark_hooks(variant.model).flops(model, lengths.query_len, doc_tokens(variant, lengths))
 
 
 def stored_doc_tokens(variant: Variant, lengths: Lengths) -> int:
@@ -208,7 +209,7 @@ def check_stored_shape(model, variant: Variant, words: list[str]) -> None:
 
     short = Lengths(query_len=16, doc_len=8, joint_doc_len=8, max_positions=512)
     # 8 tokens with the model's special tokens: 6 words + [CLS]/[SEP] for BERT models, 8 words for TK
-    text = " ".join(words[:8 - model.document_special_tokens])
+    text = " ".join(words[:8 - model_hooks.benchmark_hooks(variant.model).document_special_tokens])
     with torch.inference_mode():
         reps = model.encode_documents(model.tokenize_documents([text]))
     expected = (stored_doc_tokens(variant, short), model.store_width)
@@ -253,7 +254,7 @@ def write_sidecar(path: Path, model, variant: Variant, backbone: str, lengths: L
     rng = np.random.default_rng(seed)
     pool_docs = max(1, min(num_docs, 16))
     pool = rng.standard_normal((pool_docs, tokens, width), dtype=np.float32)
-    if model.stores_unit_vectors:
+    if model_hooks.benchmark_hooks(variant.model).stores_unit_vectors:
         pool /= np.linalg.norm(pool, axis=-1, keepdims=True)
     if dtype != "bfloat16":  # numpy has no bfloat16: the writer rounds float32 rows itself
         pool = pool.astype(dtype)

@@ -1,16 +1,15 @@
-"""Explanations of one query's documents, drawn from what each model gives (its class's ``explanation``): attention
-maps from its own layers (:meth:`~pyserini_mores.models.base.RankingModel.attention_maps`: MORES, PreTTR) or kernel
-scores (TK), read from the reranker's sidecar where it has one and from the document text otherwise."""
+"""Explanations of one query's documents, by model type (:data:`EXPLAINERS`): attention maps from the model's own
+layers (:mod:`._attention`: MORES, PreTTR) or kernel scores (TK), read from the reranker's sidecar where it has one
+and from the document text otherwise."""
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Callable, Sequence
 
 import torch
 
-from ..models.mores import MoresAttention
-from ..models.prettr import JoinedAttention
-from ..models.registry import ModelTable
+from ._attention import JoinedAttention, MoresAttention, mores_attention, prettr_joined_attention
 from ._kernels import compare_kernel_scores, tk_kernel_scores
 from ._types import AttentionMap, DocumentExplanation, Report
 
@@ -24,8 +23,8 @@ def explain_documents(reranker, query: str, documents: list[DocumentExplanation]
     """A :class:`Report` for ``documents`` (docid and text filled in; scores and ranks as the caller knows them).
 
     Args:
-        reranker: a :class:`~pyserini_mores.rerankers.ModelReranker` whose model gives an explanation (its
-            class's ``explanation``: MORES, PreTTR, TK); its ``sidecar`` (if any) provides the stored document
+        reranker: a :class:`~pyserini_mores.rerankers.ModelReranker` whose model type has an explainer
+            (:data:`EXPLAINERS`: MORES, PreTTR, TK); its ``sidecar`` (if any) provides the stored document
             representations.
         query: the query text.
         documents: the documents to explain, in display order (TK compares the first two).
@@ -98,24 +97,20 @@ def parse_heads(text: str | None, num_heads: int) -> list[int] | None:
     return sorted(set(heads))
 
 
-def mores_attention(model, query_batch: dict, *, docs: torch.Tensor | None = None,
-                    lengths: torch.Tensor | None = None, doc_batch: dict | None = None,
-                    document_layer: int | None = None) -> MoresAttention:
-    """Attention maps of a MORES model for one query (paper Figure 2): its own
-    :meth:`~pyserini_mores.models.mores.MoresModel.attention_maps`, ``document_layer`` the document-module layer."""
-    return model.attention_maps(query_batch, docs=docs, lengths=lengths, doc_batch=doc_batch, layer=document_layer)
+def explain_mores(model, sidecar, report: Report, *, heads: str | None = None, layer: int | None = None) -> None:
+    """Paper Figure 2 from :func:`~._attention.mores_attention`: ``layer`` is the document-module layer shown."""
+    _explain_attention(model, sidecar, report, heads, layer, partial(mores_attention, model, document_layer=layer))
 
 
-def prettr_joined_attention(model, query_batch: dict, *, docs: torch.Tensor | None = None,
-                            lengths: torch.Tensor | None = None, doc_batch: dict | None = None) -> JoinedAttention:
-    """Attention of a PreTTR model's first joined layer ``l+1`` for one query: its own
-    :meth:`~pyserini_mores.models.prettr.PreTTRModel.attention_maps`."""
-    return model.attention_maps(query_batch, docs=docs, lengths=lengths, doc_batch=doc_batch)
+def explain_prettr(model, sidecar, report: Report, *, heads: str | None = None, layer: int | None = None) -> None:
+    """The first joined layer from :func:`~._attention.prettr_joined_attention` (``layer`` is not used)."""
+    _explain_attention(model, sidecar, report, heads, layer, partial(prettr_joined_attention, model))
 
 
-def explain_attention(model, sidecar, report: Report, *, heads: str | None = None, layer: int | None = None) -> None:
-    """Fill in each document's attention maps from the model's :meth:`attention_maps`, laid out by what they are
-    (:data:`ATTENTION_FIGURES`)."""
+def _explain_attention(model, sidecar, report: Report, heads: str | None, layer: int | None,
+                       take_maps: Callable[..., MoresAttention | JoinedAttention]) -> None:
+    """Fill in each document's attention maps from ``take_maps(query_batch, docs=, lengths=, doc_batch=)``, laid out
+    by what they are (:data:`ATTENTION_FIGURES`)."""
     documents = report.documents
     report.heads = chosen = parse_heads(heads, model.config.encoder.num_attention_heads)
     query_batch = model.tokenize_queries([report.query])
@@ -124,7 +119,7 @@ def explain_attention(model, sidecar, report: Report, *, heads: str | None = Non
     docs, lengths = stored if stored is not None else (None, None)
     if stored is not None:
         _check_lengths(lengths, doc_batch["attention_mask"].sum(1), documents, "tokens")
-    maps = model.attention_maps(query_batch, docs=docs, lengths=lengths, doc_batch=doc_batch, layer=layer)
+    maps = take_maps(query_batch, docs=docs, lengths=lengths, doc_batch=doc_batch)
     ATTENTION_FIGURES[type(maps)](model, report, maps, query_batch, doc_batch, chosen, layer)
 
 
@@ -200,7 +195,5 @@ def explain_tk(model, sidecar, report: Report, *, heads: str | None = None, laye
                              **compare_kernel_scores(scores[0], scores[1])}
 
 
-#: a model's ``explanation`` → what explains it
-EXPLAINER_OF_KIND: dict[str, Explainer] = {"attention": explain_attention, "kernels": explain_tk}
-#: model type → its explainer, for every registered model that gives an explanation
-EXPLAINERS = ModelTable(lambda model: EXPLAINER_OF_KIND.get(model.explanation))
+#: model type → what explains its scores; a model type without an entry is not explained (a new model adds its own)
+EXPLAINERS: dict[str, Explainer] = {"mores": explain_mores, "prettr": explain_prettr, "tk": explain_tk}

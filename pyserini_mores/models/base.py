@@ -4,11 +4,10 @@ A model splits scoring into an offline part (``encode_documents``: what the side
 part (``encode_query``) and an online per-candidate part (``score``). ``forward`` is the training path that encodes
 both sides in-graph; tests prove ``forward(q, d) == score(encode_query(q), encode_documents(d))``.
 
-A model class also declares everything else the package asks of it — how it trains (:attr:`RankingModel.default_loss`,
-:attr:`~RankingModel.trainable_module_groups`, :attr:`~RankingModel.new_parameters`), how it scores under bf16
-(:attr:`~RankingModel.fp32_parameters`), what the benchmark measures (:meth:`~RankingModel.flops`,
-:meth:`~RankingModel.benchmark_variants`) and what an explanation shows (:attr:`~RankingModel.explanation`) — so a
-new model is one module plus one line in :mod:`.registry`.
+A model class also declares, in one :class:`ModelCapabilities`, what training, loading and reranking ask of it (its
+default loss, trainable module groups, new parameters, fp32 steps under bf16, ...), so a new model is one module plus
+one line in :mod:`.registry`. What the benchmark and the explanations need of a model (FLOP formulas, benchmark
+variants, attention maps) lives beside them, in :mod:`pyserini_mores.bench` and :mod:`pyserini_mores.explain`.
 
 A checkpoint is a directory: ``config.json`` (with ``model_type``), ``model.safetensors`` and the tokenizer files.
 """
@@ -19,15 +18,15 @@ import hashlib
 import json
 import os
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterable
+from types import MappingProxyType
+from typing import Any, Callable, ClassVar, Iterable, Mapping
 
 import torch
 from torch import nn
 
 from ._layers import BertDims
-from .flops import FlopCount
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -72,49 +71,71 @@ QueryBatch = dict  # tokenizer output: input_ids, attention_mask, (token_type_id
 DocBatch = dict
 
 
+@dataclass(frozen=True)
+class ModelCapabilities:
+    """What the package asks of a model class beyond its scoring entry points, declared once per class as
+    ``capabilities = ModelCapabilities(...)``; every field defaults to what a plain model needs.
+
+    Attributes:
+        default_loss: the loss training uses unless told otherwise (the model's paper's; see
+            :mod:`pyserini_mores.train.objectives`).
+        trainable_module_groups: module groups that can train alone (``--train-modules NAME``): name →
+            parameter-name prefixes.
+        layer_stack: parameter-name prefix of its one stack of Transformer layers (``PREFIX{i}.``), for models that
+            have one: ``--freeze-layers N`` keeps the first ``N`` of them at their initial values.
+        new_parameters: parameter-name prefixes of the layers the model adds to its backbone (score heads):
+            ``--head-lr`` is theirs.
+        starts_from_rankers: its encoder can start from a trained cross-encoder's or MaxSim's (``--init`` such a
+            checkpoint).
+        encoder_is_a_backbone: a trained checkpoint of it is a BERT backbone (its ``encoder``) for the models that
+            start from rankers.
+        starts_from_glove: it can start from a GloVe-format text file (``--init vectors.txt``): its class method
+            ``from_glove(path, max_words=None, **config_overrides)`` builds it.
+        fp32_parameters: name prefixes of parameters used in fp32 on purpose, with autocast disabled: a bf16 scoring
+            copy keeps them fp32, or those steps would meet bf16 weights.
+        bf16_weight_copy: under bf16, a reranker scores with a copy of the weights cast to bf16 once (``True``) or
+            with autocast alone (``False``): the copy's residual stream stays bf16 between layers, which some
+            models' rankings feel.
+        explains_scores: it takes its scores apart: ``explain(query_state, docs, lengths)`` returns the numbers
+            behind :meth:`RankingModel.score` as tensors (TK's kernels; ``rerank(..., explain=True)``).
+    """
+
+    default_loss: str = "pointwise"
+    trainable_module_groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    layer_stack: str | None = None
+    new_parameters: tuple[str, ...] = ()
+    starts_from_rankers: bool = False
+    encoder_is_a_backbone: bool = False
+    starts_from_glove: bool = False
+    fp32_parameters: tuple[str, ...] = ()
+    bf16_weight_copy: bool = True
+    explains_scores: bool = False
+
+    def __post_init__(self):
+        # read-only, so that no reader can change a class's groups for every model of it
+        object.__setattr__(self, "trainable_module_groups", MappingProxyType(dict(self.trainable_module_groups)))
+
+
+#: the field names of :class:`ModelCapabilities`
+CAPABILITY_NAMES = frozenset(f.name for f in dataclasses.fields(ModelCapabilities))
+
+
 class RankingModel(nn.Module):
     """Base class of all learned rerankers. See the module docstring for the contract."""
 
     model_type: ClassVar[str]
     config_class: ClassVar[type[RankingConfig]] = RankingConfig
 
-    # ---- how it trains ------------------------------------------------------------------------------------------
-    #: the loss training uses unless told otherwise (the model's paper's; see :mod:`pyserini_mores.train.objectives`)
-    default_loss: ClassVar[str] = "pointwise"
-    #: module groups that can train alone (``--train-modules NAME``): name → parameter-name prefixes
-    trainable_module_groups: ClassVar[dict[str, tuple[str, ...]]] = {}
-    #: parameter-name prefix of its one stack of Transformer layers (``PREFIX{i}.``), for models that have one:
-    #: ``--freeze-layers N`` keeps the first ``N`` of them at their initial values
-    layer_stack: ClassVar[str | None] = None
-    #: parameter-name prefixes of the layers the model adds to its backbone (score heads): ``--head-lr`` is theirs
-    new_parameters: ClassVar[tuple[str, ...]] = ()
-    #: its encoder can start from a trained cross-encoder's or MaxSim's (``--init`` such a checkpoint)
-    starts_from_rankers: ClassVar[bool] = False
-    #: a trained checkpoint of it is a BERT backbone (its ``encoder``) for the models that start from rankers
-    encoder_is_a_backbone: ClassVar[bool] = False
-    #: it can start from a GloVe-format text file (``--init vectors.txt``): its class method
-    #: ``from_glove(path, max_words=None, **config_overrides)`` builds it
-    starts_from_glove: ClassVar[bool] = False
+    #: what training, loading and reranking ask of the model class (declared once per class)
+    capabilities: ClassVar[ModelCapabilities] = ModelCapabilities()
 
-    # ---- how it scores under bf16 -------------------------------------------------------------------------------
-    #: name prefixes of parameters used in fp32 on purpose, with autocast disabled: a bf16 scoring copy keeps them
-    #: fp32, or those steps would meet bf16 weights
-    fp32_parameters: ClassVar[tuple[str, ...]] = ()
-    #: under bf16, a reranker scores with a copy of the weights cast to bf16 once (``True``) or with autocast alone
-    #: (``False``): the copy's residual stream stays bf16 between layers, which some models' rankings feel
-    bf16_weight_copy: ClassVar[bool] = True
-
-    # ---- what the benchmark and explanations need -----------------------------------------------------------------
-    #: it reads query and document as one sequence ``[CLS] q [SEP] d [SEP]``: the document without its own [CLS],
-    #: both within the encoder's positions
-    joint_input: ClassVar[bool] = False
-    #: special tokens its tokenizer puts around a document's words ([CLS] and [SEP])
-    document_special_tokens: ClassVar[int] = 2
-    #: its stored rows are unit vectors
-    stores_unit_vectors: ClassVar[bool] = False
-    #: what :mod:`pyserini_mores.explain` shows of it: ``"attention"`` (:meth:`attention_maps`), ``"kernels"``
-    #: (TK's ``explain``) or ``None`` (nothing)
-    explanation: ClassVar[str | None] = None
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # a capability set as a class attribute would be silently ignored: refuse it where the class is defined
+        stray = sorted(name for name in vars(cls) if name in CAPABILITY_NAMES)
+        if stray:
+            raise TypeError(f"{cls.__name__} sets {', '.join(stray)} as class attributes; declare them as "
+                            "capabilities = ModelCapabilities(...)")
 
     def __init__(self, config: RankingConfig, tokenizer):
         super().__init__()
@@ -224,11 +245,11 @@ class RankingModel(nn.Module):
 
     def optimizer_groups(self, lr: float, head_lr: float | None = None,
                          joint_lr: float | None = None) -> list[dict]:
-        """Optimiser parameter groups of the trainable parameters: everything at ``lr``, except that with
-        ``head_lr`` the :attr:`new_parameters` form a group of their own at ``head_lr``, and with ``joint_lr`` the
-        rest of the :attr:`joint_parameters` one at ``joint_lr``."""
+        """Optimiser parameter groups of the trainable parameters: everything at ``lr``, except that with ``head_lr``
+        the capabilities' ``new_parameters`` form a group of their own at ``head_lr``, and with ``joint_lr`` the rest
+        of the :attr:`joint_parameters` one at ``joint_lr``."""
         self._check_joint_lr(joint_lr)
-        new, joint = self.new_parameters, self.joint_parameters
+        new, joint = self.capabilities.new_parameters, self.joint_parameters
         body, head, joined = [], [], []
         for name, parameter in self.named_parameters():
             if not parameter.requires_grad:
@@ -241,38 +262,6 @@ class RankingModel(nn.Module):
                 body.append(parameter)
         groups = [{"params": body, "lr": lr}, {"params": head, "lr": head_lr}]
         return groups + [{"params": joined, "lr": joint_lr}] if joint_lr is not None else groups
-
-    # ---- the benchmark ------------------------------------------------------------------------------------------
-    def flops(self, query_tokens: int, doc_tokens: int) -> FlopCount:
-        """The analytic online FLOPs (:mod:`.flops`) of scoring one query of ``query_tokens`` tokens (specials
-        included) against candidates of ``doc_tokens`` tokens as the model reads them: ``[CLS] d [SEP]``, or
-        ``d [SEP]`` for a :attr:`joint_input` model, or the bare words for a tokenizer without special tokens."""
-        raise NotImplementedError(f"{type(self).__name__} has no FLOP count")
-
-    @classmethod
-    def benchmark_variants(cls, num_layers: int, compression_dim: int) -> list[tuple[str, dict]]:
-        """The settings the benchmark measures on an encoder of ``num_layers`` layers, as ``(name, config
-        overrides)``; ``compression_dim`` is the backbone's width for compressed stores. None: not benchmarked."""
-        return []
-
-    @classmethod
-    def benchmark_skip_reason(cls, options: dict, num_layers: int) -> str | None:
-        """Why the variant with config ``options`` cannot be built on ``num_layers`` layers, or ``None``."""
-        return None
-
-    @classmethod
-    def random_config(cls, dims: BertDims, tokenizer, **fields) -> RankingConfig:
-        """The config of a new model with random weights at BERT shape ``dims`` on ``tokenizer`` (the benchmark's
-        random-weight backbones); ``fields`` are further config values."""
-        return cls.config_class(encoder=dims, **fields)
-
-    # ---- explanations -------------------------------------------------------------------------------------------
-    def attention_maps(self, query_batch: QueryBatch, *, docs: torch.Tensor | None = None,
-                       lengths: torch.Tensor | None = None, doc_batch: DocBatch | None = None,
-                       layer: int | None = None) -> Any:
-        """The attention behind the scores of one query (:attr:`explanation` ``"attention"``), computed by the
-        model's own layers: from stored documents ``docs``/``lengths`` or from their text ``doc_batch``."""
-        raise NotImplementedError(f"{type(self).__name__} shows no attention maps")
 
     # ---- checkpoints ------------------------------------------------------------------------------------------------
     def save_pretrained(self, directory: str | os.PathLike) -> None:

@@ -20,8 +20,7 @@ from torch.nn.utils.rnn import pad_sequence
 from ._cls_only import cls_only_layer
 from ._layers import BertEncoder, attention_mask_from_ids, load_bert_weights, score_head
 from .backbones import DEFAULT_BACKBONE
-from .base import RankingConfig, RankingModel
-from .flops import EncoderShape, FlopCount, Term, bert_layer, cls_only_layer as cls_only_layer_flops, linear
+from .base import ModelCapabilities, RankingConfig, RankingModel
 from .loading import backbone_weights
 from .losses import ranking_scores
 from .mores import _init_bert_weights
@@ -53,12 +52,13 @@ class CrossEncoder(RankingModel):
 
     model_type = "cross-encoder"
     config_class = CrossEncoderConfig
-    default_loss = "pointwise"  # trained like MORES, the model it is measured against
-    new_parameters = ("head.",)
-    layer_stack = "encoder.layers."
-    starts_from_rankers = True
-    encoder_is_a_backbone = True
-    joint_input = True
+    capabilities = ModelCapabilities(
+        default_loss="pointwise",  # trained like MORES, the model it is measured against
+        new_parameters=("head.",),
+        layer_stack="encoder.layers.",
+        starts_from_rankers=True,
+        encoder_is_a_backbone=True,
+    )
     #: documents per encoder call in :meth:`score_texts` (an attribute, not config: it never changes scores)
     batch_size: int = 64
 
@@ -158,27 +158,6 @@ class CrossEncoder(RankingModel):
     def _tokenize_ids(self, texts: list[str], max_length: int) -> list[list[int]]:
         return self.call_tokenizer(texts, max_length=max_length, truncation=True)["input_ids"]
 
-    # ---- the benchmark ------------------------------------------------------------------------------------------
-    def flops(self, query_tokens: int, doc_tokens: int) -> FlopCount:
-        """:func:`cross_encoder_flops` of this configuration (``doc_tokens`` = ``d [SEP]``)."""
-        return cross_encoder_flops(EncoderShape.from_dims(self.config.encoder), query_tokens, doc_tokens,
-                                   self.config.num_labels)
-
-    @classmethod
-    def benchmark_variants(cls, num_layers: int, compression_dim: int) -> list[tuple[str, dict]]:
-        return [("full", {})]
-
-
-def cross_encoder_flops(shape: EncoderShape, query_tokens: int, doc_tokens: int, num_labels: int = 2) -> FlopCount:
-    """The encoder over the joined pair per candidate, its last layer [CLS]-only: ``(L−1)·layer(q + d) +
-    cls_layer(q + d) + 4n`` (head ``n→2``). ``query_tokens`` = ``[CLS] q [SEP]``, ``doc_tokens`` = ``d [SEP]``;
-    notation in :mod:`.flops`."""
-    joint = query_tokens + doc_tokens
-    return FlopCount((
-        Term("encoder", (shape.layers - 1) * bert_layer(joint, shape)),
-        Term("last_layer_cls", cls_only_layer_flops(joint, shape)),
-        Term("head", linear(1, shape.hidden, num_labels)),
-    ))
 
 
 def join_pairs(
@@ -214,4 +193,4 @@ def join_pairs(
     return input_ids, real.long(), (real & ~in_query).long()
 
 
-__all__ = ["CrossEncoder", "CrossEncoderConfig", "cross_encoder_flops", "join_pairs"]
+__all__ = ["CrossEncoder", "CrossEncoderConfig", "join_pairs"]

@@ -14,7 +14,7 @@ from torch import nn
 
 from ._layers import BertEncoder, key_padding_mask, load_bert_weights
 from .backbones import DEFAULT_BACKBONE
-from .base import RankingConfig, RankingModel
+from .base import ModelCapabilities, RankingConfig, RankingModel
 from .loading import backbone_weights
 
 
@@ -27,8 +27,10 @@ class DualEncoderConfig(RankingConfig):
 class DualEncoder(RankingModel):
     model_type = "maxsim"
     config_class = DualEncoderConfig
-    default_loss = "listwise"  # trained like PreTTR
-    encoder_is_a_backbone = True
+    capabilities = ModelCapabilities(
+        default_loss="listwise",  # trained like PreTTR
+        encoder_is_a_backbone=True,
+    )
 
     def __init__(self, config: DualEncoderConfig, tokenizer):
         super().__init__(config, tokenizer)

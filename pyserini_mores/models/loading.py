@@ -57,7 +57,7 @@ def load_model(model_type: str, name_or_path: str | os.PathLike, **overrides) ->
             model = (load_delta(cls, directory, **overrides) if is_delta_checkpoint(directory)
                      else cls.from_pretrained(directory, **overrides))
         elif stored_type in MODEL_CLASSES and not (
-                model_class(stored_type).encoder_is_a_backbone and cls.starts_from_rankers):
+                model_class(stored_type).capabilities.encoder_is_a_backbone and cls.capabilities.starts_from_rankers):
             raise ValueError(f"{directory} holds a '{stored_type}' checkpoint, not a '{model_type}' one")
     if model is None:
         # A shipped ranker as the backbone is recorded by name (config.backbone), not by this installation's path,
@@ -86,8 +86,8 @@ def trained_ranker(name_or_path: str | os.PathLike, model_types: tuple[str, ...]
     stored_type = values.get("model_type")
     if stored_type not in MODEL_CLASSES or "architectures" in values:
         return None
-    if not model_class(stored_type).encoder_is_a_backbone or (model_types is not None
-                                                               and stored_type not in model_types):
+    if not model_class(stored_type).capabilities.encoder_is_a_backbone or (model_types is not None
+                                                                            and stored_type not in model_types):
         return None
     return load_model(stored_type, name_or_path)
 

@@ -31,22 +31,12 @@ What the sidecar stores (``reuse``; scores are identical either way):
   batches may be gathered head-major (``s2_reads``, :attr:`MoresModel.stored_heads`) so attention reads each head's
   keys contiguously.
 
-Separate module storage (:meth:`MoresModel.save_modules` / :meth:`MoresModel.from_modules`), the paper's three
-independently deployable modules::
-
-    directory/config.json                           the MoresConfig (as in save_pretrained)
-    directory/<tokenizer files>
-    directory/document_module/model.safetensors     embeddings + all L layers
-    directory/query_module/model.safetensors        embeddings (+ its L−K layers when untied; tied layers live in
-                                                    the document module)
-    directory/interaction_module/model.safetensors  the K blocks + the score head
+The paper's three modules can also be stored apart, each deployable on its own: :mod:`.mores_modules`.
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Iterable
 
 import torch
@@ -68,10 +58,10 @@ from ._layers import (
     score_head,
 )
 from .backbones import DEFAULT_BACKBONE
-from .base import CONFIG_NAME, WEIGHTS_NAME, RankingConfig, RankingModel, check_tokenizer_files
-from .flops import EncoderShape, FlopCount, Term, attention, bert_layer, cls_only_layer, linear
+from .base import ModelCapabilities, RankingConfig, RankingModel
 from .loading import copy_ranker_head, load_backbone_checkpoint
 from .losses import ranking_scores
+from .mores_modules import is_modules_directory, load_modules, sub_state
 
 POOLINGS = ("cls", "avg")
 REUSES = ("s1", "s2")
@@ -82,7 +72,6 @@ S2_READS = ("auto", "heads", "tokens")
 HEAD_MAJOR_MIN_HEAD_DIM = 64
 IB_INITS = ("copy", "random")
 INTERACTIONS = ("separate", "joint")
-MODULE_NAMES = ("document_module", "query_module", "interaction_module")
 INITIALIZER_RANGE = 0.02  # BERT's init std for new weights (head, random cross-attention)
 
 
@@ -208,30 +197,6 @@ class MoresQueryState:
     hidden: torch.Tensor
     mask: torch.Tensor
     first_block_queries: torch.Tensor
-
-
-@dataclass
-class MoresAttention:
-    """Attention inside one MORES query against a batch of documents (paper Figure 2), from
-    :meth:`MoresModel.attention_maps`. Every map is padded ``[B, h, rows, keys]`` post-softmax attention: each row
-    sums to 1 over the real keys, padded keys get exactly 0.
-
-    Attributes:
-        query: ``[1, h, q, q]`` query self-attention in the last query-module layer (``query_layer``, 1-based).
-        cross: per interaction block, the query→document cross-attention ``[B, h, q, d]``.
-        document: ``[B, h, d, d]`` document self-attention in document-module layer ``document_layer`` (1-based),
-            or ``None`` when no document text was given.
-        query_mask: ``[q]`` True at real query tokens.
-        doc_mask: ``[B, d]`` True at real document tokens.
-    """
-
-    query: torch.Tensor
-    query_layer: int
-    cross: list[torch.Tensor]
-    document: torch.Tensor | None
-    document_layer: int | None
-    query_mask: torch.Tensor
-    doc_mask: torch.Tensor
 
 
 class QueryRepresentationModule(nn.Module):
@@ -372,7 +337,7 @@ class InteractionModule(nn.Module):
 
 class MoresModel(RankingModel):
     """MORES / EARL reranker; see the module docstring. Build with :meth:`from_backbone` (BERT-weight-assisted
-    init) or load with :meth:`from_pretrained` / :meth:`from_modules`.
+    init) or load with :meth:`from_pretrained` (also a :mod:`.mores_modules` directory).
 
     Example:
         >>> from pyserini_mores.models import pad_documents
@@ -384,23 +349,24 @@ class MoresModel(RankingModel):
 
     model_type = "mores"
     config_class = MoresConfig
-    default_loss = "pointwise"  # the MORES code's 2-class cross-entropy
-    #: the paper's domain adaptation: adapt-interaction and adapt-representation (``--train-modules``)
-    trainable_module_groups = {
-        "interaction": ("interaction_module.",),
-        "representation": ("document_module.", "query_module."),
-    }
-    new_parameters = ("interaction_module.head.",)
+    capabilities = ModelCapabilities(
+        default_loss="pointwise",  # the MORES code's 2-class cross-entropy
+        # the paper's domain adaptation: adapt-interaction and adapt-representation (``--train-modules``)
+        trainable_module_groups={
+            "interaction": ("interaction_module.",),
+            "representation": ("document_module.", "query_module."),
+        },
+        new_parameters=("interaction_module.head.",),
+        # --freeze-layers N freezes the document module's first N layers (an untied query module still trains
+        # whole): training the rest from text, its delta stores only the layers above them
+        layer_stack="document_module.layers.",
+        starts_from_rankers=True,
+        # bf16 scores with autocast alone: a bf16 weight copy would keep the query rows' residual stream in bf16
+        # through L-K layers and K blocks, which costs ranking quality (autocast keeps it in fp32) and saves no time.
+        bf16_weight_copy=False,
+    )
     # the interaction blocks read the query against the document states the representation modules wrote apart
     joint_parameters = ("interaction_module.blocks.",)
-    # --freeze-layers N freezes the document module's first N layers (an untied query module still trains whole):
-    # training the rest from text, its delta stores only the layers above them
-    layer_stack = "document_module.layers."
-    starts_from_rankers = True
-    explanation = "attention"
-    # bf16 scores with autocast alone: a bf16 weight copy would keep the query rows' residual stream in bf16 through
-    # L-K layers and K blocks, which costs ranking quality (autocast keeps it in fp32) and saves no time.
-    bf16_weight_copy = False
     #: documents per encoder call in :meth:`score_texts` (an attribute, not config: it never changes scores)
     batch_size: int = 128
 
@@ -448,19 +414,19 @@ class MoresModel(RankingModel):
         self.document_module.load_state_dict(
             {name: value for name, value in weights.items()
              if not (name.startswith("layers.") and int(name.split(".")[1]) >= kept)}, strict=True)
-        self.query_module.embeddings.load_state_dict(_sub_state(weights, "embeddings."))
+        self.query_module.embeddings.load_state_dict(sub_state(weights, "embeddings."))
         n_query = self.config.n_query_layers
         if not self.config.tied:
             for index, layer in enumerate(self.query_module.layers):
-                layer.load_state_dict(_sub_state(weights, f"layers.{index}."))
+                layer.load_state_dict(sub_state(weights, f"layers.{index}."))
         for index, block in enumerate(self.interaction_module.blocks):
-            layer_weights = _sub_state(weights, f"layers.{n_query + index}.")
-            block.self_attention.load_state_dict(_sub_state(layer_weights, "attention."))
-            block.ffn.load_state_dict(_sub_state(layer_weights, "ffn."))
+            layer_weights = sub_state(weights, f"layers.{n_query + index}.")
+            block.self_attention.load_state_dict(sub_state(layer_weights, "attention."))
+            block.ffn.load_state_dict(sub_state(layer_weights, "ffn."))
             if block.joint:
                 continue
             if self.config.ib_init == "copy":
-                block.cross_attention.load_state_dict(_sub_state(layer_weights, "attention."))
+                block.cross_attention.load_state_dict(sub_state(layer_weights, "attention."))
             else:
                 block.cross_attention.apply(_init_bert_weights)
 
@@ -665,155 +631,24 @@ class MoresModel(RankingModel):
         for start in range(0, len(documents), batch_size):
             doc_batch = self.tokenize_documents(documents[start:start + batch_size])
             doc_batch = {k: v.to(state.hidden.device) for k, v in doc_batch.items()}
-            docs = self._encode_document_batch(doc_batch)
             doc_mask = attention_mask_from_ids(doc_batch["attention_mask"])
-            logits = self._interact(state.hidden, state.mask, self._project_documents(docs, doc_mask), doc_mask,
-                                    state.first_block_queries)
+            logits = self.document_states_logits(state, self._encode_document_batch(doc_batch), doc_mask)
             scores.append(ranking_scores(logits).float())
         return torch.cat(scores) if scores else torch.empty(0)
 
-    # ---- explanations, the benchmark -------------------------------------------------------------------------
-    @torch.no_grad()
-    def attention_maps(self, query_batch: dict, *, docs: torch.Tensor | None = None,
-                       lengths: torch.Tensor | None = None, doc_batch: dict | None = None,
-                       layer: int | None = None) -> MoresAttention:
-        """The attention behind the scores of one query (paper Figure 2), taken from the modules as they score.
-
-        The cross-attention keys come from the stored documents when ``docs``/``lengths`` are given (a sidecar batch
-        as :meth:`score` takes it, so no document is re-encoded for them); the document-module self-attention needs
-        the text: ``doc_batch`` (:meth:`tokenize_documents`), run up to ``layer`` (1-based, default: the last) when
-        documents are stored, through the whole module (to get ``D``) otherwise.
-        """
-        if docs is None and doc_batch is None:
-            raise ValueError("MORES attention maps need stored documents (docs, lengths) or their text (doc_batch)")
-        num_layers = self.config.n_document_layers
-        layer = num_layers if layer is None else int(layer)
-        if not 1 <= layer <= num_layers:
-            raise ValueError(f"the document module has layers 1..{num_layers}; got layer {layer}")
-        device = self.query_module.embeddings.norm.weight.device
-        query_batch = {key: value.to(device) for key, value in query_batch.items()}
-        if query_batch["input_ids"].shape[0] != 1:
-            raise ValueError("explain one query at a time")
-        query_maps, document_maps, cross = [], [], []
-        state = self.encode_query(query_batch, query_maps)
-        if doc_batch is not None:
-            doc_batch = {key: value.to(device) for key, value in doc_batch.items()}
-            # [CLS] d [SEP], positions from 0, segment 0, as _encode_document_batch
-            encoded = self.document_module(doc_batch["input_ids"], doc_batch["attention_mask"],
-                                           num_layers=None if docs is None else layer, attentions=document_maps)
-        if docs is not None:
-            if lengths is None:
-                raise ValueError("stored documents need their lengths")
-            self.score_logits(state, docs, lengths, attentions=cross)
-            doc_mask = key_padding_mask(lengths.to(device), docs.shape[-2])
-        else:
-            doc_mask = attention_mask_from_ids(doc_batch["attention_mask"])
-            self._interact(state.hidden, state.mask, self._project_documents(encoded, doc_mask), doc_mask,
-                           state.first_block_queries, cross)
-        return MoresAttention(
-            query=query_maps[-1], query_layer=len(query_maps), cross=cross,
-            document=document_maps[layer - 1] if document_maps else None,
-            document_layer=layer if document_maps else None,
-            query_mask=query_batch["attention_mask"][0].bool(), doc_mask=doc_mask[:, 0, 0, :],
-        )
-
-    def flops(self, query_tokens: int, doc_tokens: int) -> FlopCount:
-        """:func:`mores_flops` of this configuration; ``doc_tokens`` counts ``[CLS] d [SEP]``."""
-        config = self.config
-        return mores_flops(EncoderShape.from_dims(config.encoder), query_tokens, doc_tokens,
-                           config.n_interaction_blocks, config.reuse, config.num_labels,
-                           every_row=config.pooling != "cls", interaction=config.interaction)
-
-    @classmethod
-    def benchmark_variants(cls, num_layers: int, compression_dim: int) -> list[tuple[str, dict]]:
-        """1 and 2 interaction blocks, Reuse-S1 and Reuse-S2, and Reuse-S2 read as stored and head-major beside
-        the default (``s2_reads='auto'`` picks one by head width)."""
-        variants = []
-        for blocks in (1, 2):
-            for reuse in REUSES:
-                variants.append((f"{blocks}xIB-{reuse}", {"n_interaction_blocks": blocks, "reuse": reuse}))
-            for reads in ("tokens", "heads"):
-                variants.append((f"{blocks}xIB-s2-{reads}",
-                                 {"n_interaction_blocks": blocks, "reuse": "s2", "s2_reads": reads}))
-        return variants
-
-    @classmethod
-    def benchmark_skip_reason(cls, options: dict, num_layers: int) -> str | None:
-        blocks = options.get("n_interaction_blocks", MoresConfig.n_interaction_blocks)
-        if blocks >= num_layers:
-            return f"MORES with {blocks} interaction blocks needs more than {num_layers} layers"
-        return None
-
-    # ---- separate module storage --------------------------------------------------------------------------
-    def save_modules(self, directory: str | os.PathLike) -> None:
-        """Write the three modules to separate subdirectories (layout in the module docstring)."""
-        from safetensors.torch import save_file
-
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        config = {"model_type": self.model_type, "layout": "modules", **self.config.to_dict()}
-        (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        self.tokenizer.save_pretrained(str(directory))
-        for name in MODULE_NAMES:
-            (directory / name).mkdir(exist_ok=True)
-            tensors = {key: value.detach().contiguous() for key, value in self._module_state(name).items()}
-            metadata = {"format": "pt", "model_type": self.model_type, "module": name,
-                        "tied": json.dumps(self.config.tied)}
-            save_file(tensors, str(directory / name / WEIGHTS_NAME), metadata=metadata)
-
-    @classmethod
-    def from_modules(
-        cls,
-        directory: str | os.PathLike,
-        *,
-        document_module: str | os.PathLike | None = None,
-        query_module: str | os.PathLike | None = None,
-        interaction_module: str | os.PathLike | None = None,
-        **overrides,
-    ) -> "MoresModel":
-        """Assemble a model from a :meth:`save_modules` directory.
-
-        ``document_module`` / ``query_module`` / ``interaction_module`` name other module directories (each holding
-        a ``model.safetensors`` written by :meth:`save_modules`) to use instead of the ones in ``directory`` — e.g.
-        an interaction module fine-tuned separately (the paper's adapt-interaction) on top of the original
-        representation modules, whose S1 sidecar then stays valid. ``overrides`` replace config fields.
-        """
-        from safetensors import safe_open
-        from transformers import AutoTokenizer, PretrainedConfig
-
-        directory = Path(directory)
-        config_path = directory / CONFIG_NAME
-        if not config_path.is_file():
-            raise FileNotFoundError(f"{directory} is not a MORES module directory (no {CONFIG_NAME})")
-        values = json.loads(config_path.read_text())
-        if values.get("model_type") != cls.model_type:
-            raise ValueError(f"{directory} holds a '{values.get('model_type')}' model, not '{cls.model_type}'")
-        values.pop("layout", None)
-        config = cls.config_class.from_dict({**values, **overrides})
-        check_tokenizer_files(directory)
-        # an empty config keeps transformers from reading our config.json as its own (as base.from_pretrained does)
-        model = cls(config, AutoTokenizer.from_pretrained(str(directory), config=PretrainedConfig()))
-        sources = {"document_module": document_module, "query_module": query_module,
-                   "interaction_module": interaction_module}
-        for name in MODULE_NAMES:
-            path = Path(sources[name] or directory / name)
-            path = path / WEIGHTS_NAME if path.is_dir() else path
-            if not path.is_file():
-                raise FileNotFoundError(f"no {name} weights at {path}")
-            with safe_open(str(path), framework="pt") as handle:
-                stored = (handle.metadata() or {}).get("module")
-                if stored is not None and stored != name:
-                    raise ValueError(f"{path} holds a MORES {stored}, not a {name}")
-                tensors = {key: handle.get_tensor(key) for key in handle.keys()}
-            model._load_module_state(name, tensors)
-        return model.eval()
+    def document_states_logits(self, query_state: MoresQueryState, doc_states: torch.Tensor, doc_mask: torch.Tensor,
+                               attentions: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """``[B, num_labels]`` head logits of one query against the document module's states ``D [B, d, n]``
+        (``doc_mask [B, 1, 1, d]``), each block projecting them to its keys and values (the Reuse-S1 way); with
+        ``attentions`` (a list), each block's cross-attention ``[B, h, q, d]`` is appended to it."""
+        return self._interact(query_state.hidden, query_state.mask, self._project_documents(doc_states, doc_mask),
+                              doc_mask, query_state.first_block_queries, attentions)
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike, **overrides) -> "MoresModel":
-        """Load a :meth:`save_pretrained` checkpoint or a :meth:`save_modules` directory."""
-        directory = Path(directory)
-        if not (directory / WEIGHTS_NAME).is_file() and (directory / MODULE_NAMES[0]).is_dir():
-            return cls.from_modules(directory, **overrides)
+        """Load a :meth:`save_pretrained` checkpoint or a :func:`.mores_modules.save_modules` directory."""
+        if is_modules_directory(directory):
+            return load_modules(directory, model_class=cls, **overrides)
         return super().from_pretrained(directory, **overrides)
 
     def untied(self) -> "MoresModel":
@@ -824,20 +659,6 @@ class MoresModel(RankingModel):
         model = type(self)(replace(self.config, tied=False), self.tokenizer)
         model.load_state_dict(self.state_dict())  # a tied state dict names the shared layers under both modules
         return model.train(self.training)
-
-    def _module_state(self, name: str) -> dict[str, torch.Tensor]:
-        if name == "query_module" and self.config.tied:
-            return self.query_module.embeddings.state_dict(prefix="embeddings.")  # layers live in the doc module
-        return getattr(self, name).state_dict()
-
-    def _load_module_state(self, name: str, tensors: dict[str, torch.Tensor]) -> None:
-        try:
-            if name == "query_module" and self.config.tied:
-                self.query_module.embeddings.load_state_dict(_sub_state(tensors, "embeddings.", strict=True))
-            else:
-                getattr(self, name).load_state_dict(tensors)
-        except (RuntimeError, ValueError) as error:
-            raise ValueError(f"the {name} weights do not fit this MORES config: {error}") from error
 
     # ---- internals ----------------------------------------------------------------------------------------------
     def _encode_document_batch(self, doc_batch: dict) -> torch.Tensor:
@@ -908,87 +729,6 @@ class MoresModel(RankingModel):
         return score_head(self.interaction_module.head, masked_mean(x, query_mask[:, 0, 0, :]))
 
 
-def mores_flops(shape: EncoderShape, query_tokens: int, doc_tokens: int, interaction_blocks: int, reuse: str,
-                num_labels: int = 2, every_row: bool = False, interaction: str = "separate") -> FlopCount:
-    """MORES's online FLOPs: the query module once, then ``K`` interaction blocks per candidate.
-    ``doc_tokens`` = ``[CLS] d [SEP]``.
-
-    Query: ``(L−K)·layer(q) + 2·q·n²`` (query module + block 1's cross-attention query projection, shared).
-    Per candidate and block: cross-attention ``4·q·d·n + 2·q·n²`` (+ ``2·q·n²`` query projection for blocks ≥ 2),
-    self-attention ``8·q·n² + 4·q²·n``, FFN ``4·q·n·f`` — except in the last block with [CLS] pooling, where the
-    self-attention and FFN are ``cls_layer(q)``; Reuse-S1 adds the document keys/values ``4·d·n²``; head ``4n``.
-    ``every_row=False`` counts what the code runs with [CLS] pooling; ``True`` the paper's count, every row of every
-    block (mean pooling runs it too). ``interaction='joint'``: :func:`joint_mores_flops`. Notation in :mod:`.flops`.
-    """
-    if reuse not in REUSES:
-        raise ValueError(f"reuse must be s1 or s2, not {reuse!r}")
-    if interaction == "joint":
-        return joint_mores_flops(shape, query_tokens, doc_tokens, interaction_blocks, reuse, num_labels, every_row)
-    n, f, q, d = shape.hidden, shape.ffn, query_tokens, doc_tokens
-    terms = [
-        Term("query_module", (shape.layers - interaction_blocks) * bert_layer(q, shape), "query"),
-        Term("block1_cross_query_projection", linear(q, n, n), "query"),
-    ]
-    for block in range(1, interaction_blocks + 1):
-        prefix = f"block{block}_"
-        if reuse == "s1":
-            terms.append(Term(prefix + "doc_key_value_projection", 2 * linear(d, n, n)))
-        if block > 1:
-            terms.append(Term(prefix + "cross_query_projection", linear(q, n, n)))
-        terms += [
-            Term(prefix + "cross_attention", attention(q, d, n)),
-            Term(prefix + "cross_output", linear(q, n, n)),
-        ]
-        if block == interaction_blocks and not every_row:
-            terms.append(Term(prefix + "self_attention_ffn_cls", cls_only_layer(q, shape)))
-        else:
-            terms += [
-                Term(prefix + "self_attention", linear(q, n, 3 * n) + attention(q, q, n) + linear(q, n, n)),
-                Term(prefix + "ffn", linear(q, n, f) + linear(q, f, n)),
-            ]
-    terms.append(Term("head", linear(1, n, num_labels)))
-    return FlopCount(tuple(terms))
-
-
-def joint_mores_flops(shape: EncoderShape, query_tokens: int, doc_tokens: int, interaction_blocks: int, reuse: str,
-                      num_labels: int = 2, every_row: bool = False) -> FlopCount:
-    """MORES with joint interaction blocks: the query module once; per block the query rows' projections
-    ``6·q·n²`` (once per query in block 1, whose input is the same for every candidate), one attention over
-    ``q + d`` keys ``4·q·(q + d)·n``, its output ``2·q·n²`` and the FFN — in the last block with [CLS] pooling only
-    the [CLS] row's query, output and FFN, the query rows' keys and values ``4·q·n²`` and ``4·(q + d)·n`` over the
-    projected keys and values; Reuse-S1 adds the document keys/values ``4·d·n²``; head ``4n``."""
-    n, f, q, d = shape.hidden, shape.ffn, query_tokens, doc_tokens
-    terms = [Term("query_module", (shape.layers - interaction_blocks) * bert_layer(q, shape), "query")]
-    for block in range(1, interaction_blocks + 1):
-        prefix = f"block{block}_"
-        query_side = "query" if block == 1 else "candidate"
-        if reuse == "s1":
-            terms.append(Term(prefix + "doc_key_value_projection", 2 * linear(d, n, n)))
-        if block == interaction_blocks and not every_row:
-            terms += [
-                Term(prefix + "query_key_value_projection", linear(q, n, 2 * n), query_side),
-                Term(prefix + "cls_attention_ffn", linear(1, n, n) + 2 * (2 * (q + d) * n) + linear(1, n, n)
-                     + linear(1, n, f) + linear(1, f, n)),
-            ]
-        else:
-            terms += [
-                Term(prefix + "query_key_value_projection", linear(q, n, 3 * n), query_side),
-                Term(prefix + "joint_attention", attention(q, q + d, n) + linear(q, n, n)),
-                Term(prefix + "ffn", linear(q, n, f) + linear(q, f, n)),
-            ]
-    terms.append(Term("head", linear(1, n, num_labels)))
-    return FlopCount(tuple(terms))
-
-
-def _sub_state(state: dict[str, torch.Tensor], prefix: str, strict: bool = False) -> dict[str, torch.Tensor]:
-    """The entries under ``prefix``, with the prefix removed (``strict``: no other entries allowed)."""
-    selected = {key[len(prefix):]: value for key, value in state.items() if key.startswith(prefix)}
-    if strict and len(selected) != len(state):
-        others = sorted(key for key in state if not key.startswith(prefix))
-        raise ValueError(f"unexpected tensors {others[:5]}")
-    return selected
-
-
 def _init_bert_weights(module: nn.Module) -> None:
     """BERT's initialisation (normal(0, 0.02) weights, zero biases, unit LayerNorm) for new parameters."""
     if isinstance(module, nn.Linear):
@@ -1005,5 +745,5 @@ def _init_bert_weights(module: nn.Module) -> None:
         nn.init.zeros_(module.bias)
 
 
-__all__ = ["MoresConfig", "MoresModel", "MoresQueryState", "MoresAttention", "InteractionBlock", "InteractionModule",
-           "QueryRepresentationModule", "mores_flops"]
+__all__ = ["MoresConfig", "MoresModel", "MoresQueryState", "InteractionBlock", "InteractionModule",
+           "QueryRepresentationModule"]

@@ -41,8 +41,7 @@ from torch import nn
 from ._cls_only import TokenBlock, cls_only_attention_stored, cls_only_layer, compute_dtype
 from ._layers import BertEncoder, TransformerLayer, key_padding_mask, load_bert_weights, masked_mean, score_head
 from .backbones import DEFAULT_BACKBONE
-from .base import RankingConfig, RankingModel, pad_documents
-from .flops import EncoderShape, FlopCount, Term, attention, bert_layer, linear
+from .base import ModelCapabilities, RankingConfig, RankingModel
 from .loading import copy_ranker_head, load_backbone_checkpoint
 from .losses import ranking_scores
 
@@ -146,24 +145,6 @@ def validate_config(config: PreTTRConfig) -> None:
         )
 
 
-@dataclass
-class JoinedAttention:
-    """PreTTR's first joined layer (``layer = join_layer + 1``, 1-based) over ``[query block ‖ document]``, from
-    :meth:`PreTTRModel.attention_maps`.
-
-    Attributes:
-        probs: ``[B, h, T, T]`` post-softmax attention with ``T = Qb + Ld``; rows and columns ``0..Qb-1`` are the
-            query block. Each row sums to 1 over the real keys, padded keys get exactly 0.
-        mask: ``[B, T]`` True at real tokens (query-block padding and document padding are False).
-        query_block: ``Qb``, where the document starts on both axes.
-    """
-
-    probs: torch.Tensor
-    mask: torch.Tensor
-    query_block: int
-    layer: int
-
-
 class PreTTRQueryState(NamedTuple):
     """Layer-l states of the query block (compress→decompress applied when the model compresses)."""
 
@@ -244,15 +225,16 @@ class PreTTRModel(RankingModel):
 
     model_type = "prettr"
     config_class = PreTTRConfig
-    default_loss = "listwise"  # with one negative, the paper's pairwise softmax loss
-    # the compressor is new beside a ranker's weights (pre-trained alone at most), so --head-lr moves it as the head
-    new_parameters = ("head.", "compressor.")
-    # the stack shared by the separate lower layers and the joined upper ones: --freeze-layers N keeps its first N
-    # (and, started from a cross-encoder, its delta stores only the layers above them)
-    layer_stack = "encoder.layers."
-    starts_from_rankers = True
-    joint_input = True
-    explanation = "attention"
+    capabilities = ModelCapabilities(
+        default_loss="listwise",  # with one negative, the paper's pairwise softmax loss
+        # the compressor is new beside a ranker's weights (pre-trained alone at most), so --head-lr moves it as the
+        # head
+        new_parameters=("head.", "compressor."),
+        # the stack shared by the separate lower layers and the joined upper ones: --freeze-layers N keeps its
+        # first N (and, started from a cross-encoder, its delta stores only the layers above them)
+        layer_stack="encoder.layers.",
+        starts_from_rankers=True,
+    )
 
     def __init__(self, config: PreTTRConfig, tokenizer):
         if config.join_layer is None:
@@ -304,7 +286,7 @@ class PreTTRModel(RankingModel):
     @property
     def joint_parameters(self) -> tuple[str, ...]:
         """The shared stack's layers ``l+1..L``: only the joined sequence runs through them."""
-        return tuple(f"{self.layer_stack}{index}." for index in range(self.join_layer, self.num_layers))
+        return tuple(f"{self.capabilities.layer_stack}{index}." for index in range(self.join_layer, self.num_layers))
 
     @property
     def num_layers(self) -> int:
@@ -541,20 +523,22 @@ class PreTTRModel(RankingModel):
         return docs if self.compressor is None else self.compressor.decode(docs)
 
     def score_logits(self, query_state: PreTTRQueryState, docs: torch.Tensor, lengths: torch.Tensor,
-                     output_query_states: bool = False):
+                     output_query_states: bool = False, attentions: list[torch.Tensor] | None = None):
         """:meth:`score`; ``output_query_states``: ``(scores, query_states)`` as :meth:`forward` returns them (from
-        stored layer-l states: ``reuse='kv'`` stores no document states for the joint layers' query rows)."""
-        if not output_query_states:
+        stored layer-l states: ``reuse='kv'`` stores no document states for the joint layers' query rows). With
+        ``attentions`` (a list), the self-attention ``[B, h, T, T]`` of every joint layer ``l+1..L`` is appended to
+        it, all rows (also from stored layer-l states)."""
+        if not output_query_states and attentions is None:
             return self.score(query_state, docs, lengths)
         if self.stores_keys_values:
             raise ValueError("reuse='kv' stores only the last layer's document keys and values, not the document "
                              "states the query rows of the joint layers attend to: output_query_states needs "
-                             "reuse='states'")
+                             "reuse='states' (so do attentions)")
         doc_states = self.decompress_documents(docs)
         doc_mask = key_padding_mask(lengths.to(doc_states.device), docs.shape[1])[:, 0, 0]
-        states = []
-        scores = self._joint_score(query_state.states, query_state.mask, doc_states, doc_mask, block_states=states)
-        return scores, tuple(states)
+        states = [] if output_query_states else None
+        scores = self._joint_score(query_state.states, query_state.mask, doc_states, doc_mask, attentions, states)
+        return (scores, tuple(states)) if output_query_states else scores
 
     def score(self, query_state: PreTTRQueryState, docs: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """``[B]`` scores of one query against stored documents ``docs [B, Lmax, store_width]`` (zero-padded)."""
@@ -624,65 +608,6 @@ class PreTTRModel(RankingModel):
     def score_texts(self, query: str, documents: list[str]) -> torch.Tensor:
         """``[len(documents)]`` scores from text, the query encoded once and broadcast."""
         return self(self.tokenize_queries([query]), self.tokenize_documents(documents))
-
-    # ---- explanations, the benchmark ----------------------------------------------------------------------------
-    @torch.no_grad()
-    def attention_maps(self, query_batch: dict, *, docs: torch.Tensor | None = None,
-                       lengths: torch.Tensor | None = None, doc_batch: dict | None = None,
-                       layer: int | None = None) -> JoinedAttention:
-        """The attention of the first joined layer ``l+1`` for one query, taken from the joint layers as they score
-        (all rows, also when ``l + 1 = L`` and scoring keeps only the [CLS] row).
-
-        Layer-``l`` document states come from the stored documents ``docs``/``lengths`` (decompressed when the model
-        compresses) or from ``doc_batch`` (:meth:`tokenize_documents`) encoded as a sidecar stores them.
-        ``layer`` is not used: the map is always the first joined layer's.
-        """
-        if docs is None and doc_batch is None:
-            raise ValueError("PreTTR attention maps need stored documents (docs, lengths) or doc_batch")
-        if self.stores_keys_values:
-            raise ValueError("PreTTR attention maps need layer-l states; this model stores keys and values")
-        state = self.encode_query(query_batch)
-        if state.states.shape[0] != 1:
-            raise ValueError("explain one query at a time")
-        if docs is None:
-            docs, lengths = pad_documents(self.encode_documents(doc_batch))
-        if lengths is None:
-            raise ValueError("stored documents need their lengths")
-        if docs.shape[-1] != self.store_width:
-            raise ValueError(f"stored documents are {docs.shape[-1]} wide; this PreTTR expects {self.store_width}")
-        doc_states = self.decompress_documents(docs)
-        doc_mask = key_padding_mask(lengths.to(doc_states.device), doc_states.shape[1])[:, 0, 0]
-        maps = []
-        self._joint_score(state.states, state.mask, doc_states, doc_mask, maps)
-        batch = doc_states.shape[0]
-        return JoinedAttention(probs=maps[0], mask=torch.cat([state.mask.to(doc_mask.device).expand(batch, -1),
-                                                              doc_mask], 1),
-                               query_block=state.states.shape[1], layer=self.join_layer + 1)
-
-    def flops(self, query_tokens: int, doc_tokens: int) -> FlopCount:
-        """:func:`prettr_flops` of this configuration; ``query_tokens`` is the query block, ``doc_tokens`` the
-        stored ``d [SEP]``."""
-        config = self.config
-        return prettr_flops(EncoderShape.from_dims(config.encoder), query_tokens, doc_tokens, config.join_layer,
-                            config.compression_dim, config.reuse, config.pooling)
-
-    @classmethod
-    def benchmark_variants(cls, num_layers: int, compression_dim: int) -> list[tuple[str, dict]]:
-        """Joins at ``L−1`` and ``L−2``, uncompressed and at ``compression_dim``; the last layer's document keys
-        and values stored (the sidecar variant beyond the paper); and at ``L−1`` the head reading the query block's
-        mean (``pooling='avg'``), from stored states and from stored keys and values."""
-        variants = []
-        for join in (num_layers - 1, num_layers - 2):
-            if join < 0:
-                continue
-            for compression in (None, compression_dim):
-                name = f"l{join}" + (f"-e{compression}" if compression else "")
-                variants.append((name, {"compression_dim": compression, "join_layer": join}))
-        last_join = {"compression_dim": None, "join_layer": num_layers - 1}
-        variants.append((f"l{num_layers - 1}-kv", {**last_join, "reuse": "kv"}))
-        variants.append((f"l{num_layers - 1}-avg", {**last_join, "pooling": "avg"}))
-        variants.append((f"l{num_layers - 1}-kv-avg", {**last_join, "reuse": "kv", "pooling": "avg"}))
-        return variants
 
     # ---- the reference path -------------------------------------------------------------------------------------
     def joined_inputs(self, query_batch: dict, doc_batch: dict) -> dict:
@@ -772,112 +697,6 @@ class PreTTRModel(RankingModel):
             probabilities.append(layer.attention.attention_probs(x, keys, key_mask))
             x = layer.ffn(layer.attention.attend(x, keys, values, key_mask))
         return probabilities
-
-
-def prettr_flops(shape: EncoderShape, query_tokens: int, doc_tokens: int, join_layer: int,
-                 compression_dim: int | None = None, reuse: str = "states", pooling: str = "cls") -> FlopCount:
-    """PreTTR's online FLOPs: layers ``1..l`` of the query once; ``l+1..L`` per candidate, the last one [CLS]-only.
-
-    ``query_tokens`` = the query block ``q``; ``doc_tokens`` = the stored ``d [SEP]`` tokens ``d``; joint
-    ``T = q + d``; ``reuse='kv'``: the documents' last-layer keys and values are stored (``l = L−1`` only). Query:
-    ``l·layer(q)`` (+ ``4·q·n·e`` compress→decompress of the query states). The last layer computes the [CLS] row
-    only, with keys and values folded into the query (``cls_only_layer``): per head the logits and the weighted sum
-    act on the unprojected states, ``2·h·n`` per token each, instead of ``2·n²`` projections.
-
-    * ``l = L−1``, uncompressed (or ``e ≥ n``): batch ``4·n² + 2·h·q·n`` ([CLS] query projection, folding,
-      query-block logits); candidate ``2·h·d·n + 2·h·(q+d)·n + 4·n² + 4·n·f + 4n`` (+ ``2·d·e·n`` decompression).
-    * ``l = L−1``, compressed ``e < n`` (attention in code space, ``CompressedTokenBlock``): batch
-      ``4·n² + 2·h·q·n + 2·h·n·e``; candidate ``2·d·e² + 4·h·d·e + 2·h·e·n + 2·h·q·n + 4·n² + 4·n·f + 4n``.
-    * ``l = L−1``, stored keys and values: batch ``2·n² + 4·q·n² + 2·q·n`` ([CLS] query, the query block's keys and
-      values and logits); candidate ``2·q·n + 4·d·n + 2·n² + 4·n·f + 4n``.
-    * ``l < L−1``: candidate ``[2·d·e·n] + (L−1−l)·layer(T) + 8·n² + 4·h·T·n + 4·n·f + 4n``.
-    * ``pooling='avg'``: the last layer runs for the ``q`` query-block rows over all ``T`` keys (no folding, no code
-      space): candidate ``[2·d·e·n] + [(L−1−l)·layer(T)] + 4·K·n² + 4·q·n² + 4·q·T·n + 4·q·n·f + 4n``, where ``K``
-      keys and values are projected per candidate (``d``; ``T`` when ``l < L−1``; none stored: ``reuse='kv'``) and,
-      at ``l = L−1``, the query block's keys, values and queries (``6·q·n²``) once per batch instead.
-
-    Notation in :mod:`.flops`.
-    """
-    n, f, h, L = shape.hidden, shape.ffn, shape.heads, shape.layers
-    q, d, e = query_tokens, doc_tokens, compression_dim
-    if not 0 <= join_layer < L:
-        raise ValueError(f"join_layer must be in [0, {L}), not {join_layer}")
-    terms = [Term("query_layers", join_layer * bert_layer(q, shape), "query")]
-    if e:
-        terms.append(Term("query_compress_roundtrip", linear(q, n, e) + linear(q, e, n), "query"))
-    if pooling == "avg":
-        return FlopCount(tuple(terms + _averaged_last_layer_terms(shape, q, d, join_layer, e, reuse)))
-    # The [CLS]-only last layer's tail: output projection, one FFN row, head.
-    tail = [Term("last_output", linear(1, n, n)), Term("last_ffn", linear(1, n, f) + linear(1, f, n)),
-            Term("head", linear(1, n, 2))]
-    if reuse == "kv":
-        if join_layer != L - 1:
-            raise ValueError(f"stored keys and values need join_layer = {L - 1}, not {join_layer}")
-        return FlopCount(tuple(terms + [
-            Term("last_cls_query_projection", linear(1, n, n), "batch"),
-            Term("last_query_block_keys_values", linear(q, n, 2 * n), "batch"),
-            Term("last_query_block_logits", 2 * q * n, "batch"),
-            Term("last_query_block_pool", 2 * q * n),
-            Term("last_doc_logits", 2 * d * n),
-            Term("last_doc_pool", 2 * d * n),
-        ] + tail))
-    tail.insert(0, Term("last_value_fold", 2 * h * (n // h) * n))  # keys and values folded into the query
-    if join_layer == L - 1:
-        terms += [Term("last_cls_query_projection", linear(1, n, n), "batch"),
-                  Term("last_key_fold", 2 * h * (n // h) * n, "batch"),
-                  Term("last_query_block_logits", 2 * h * q * n, "batch")]
-        if e and e < n:
-            terms += [
-                Term("last_code_query", 2 * h * n * e, "batch"),
-                Term("doc_whitening", linear(d, e, e)),
-                Term("last_doc_logits", 2 * h * d * e),
-                Term("last_doc_pool", 2 * h * d * e + 2 * h * e * n),
-                Term("last_query_block_pool", 2 * h * q * n),
-            ]
-        else:
-            if e:
-                terms.append(Term("decompress", linear(d, e, n)))
-            terms += [Term("last_doc_logits", 2 * h * d * n), Term("last_pool", 2 * h * (q + d) * n)]
-        return FlopCount(tuple(terms + tail))
-    joint = q + d
-    if e:
-        terms.append(Term("decompress", linear(d, e, n)))
-    terms += [
-        Term("joint_layers", (L - 1 - join_layer) * bert_layer(joint, shape)),
-        Term("last_cls_query_projection", linear(1, n, n)),
-        Term("last_key_fold", 2 * h * (n // h) * n),
-        Term("last_logits", 2 * h * joint * n),
-        Term("last_pool", 2 * h * joint * n),
-    ]
-    return FlopCount(tuple(terms + tail))
-
-
-def _averaged_last_layer_terms(shape: EncoderShape, q: int, d: int, join_layer: int, e: int | None,
-                               reuse: str) -> list[Term]:
-    """The candidates' work of ``pooling='avg'`` (:func:`prettr_flops`): the joint layers below the last, then the
-    last layer for the query block's rows."""
-    n, f, L = shape.hidden, shape.ffn, shape.layers
-    terms = []
-    if reuse == "kv":
-        terms.append(Term("last_query_block_keys_values", linear(q, n, 2 * n), "batch"))
-    else:
-        if e:
-            terms.append(Term("decompress", linear(d, e, n)))
-        if join_layer == L - 1:
-            terms += [Term("last_query_block_keys_values", linear(q, n, 2 * n), "batch"),
-                      Term("last_doc_keys_values", linear(d, n, 2 * n))]
-        else:
-            terms += [Term("joint_layers", (L - 1 - join_layer) * bert_layer(q + d, shape)),
-                      Term("last_keys_values", linear(q + d, n, 2 * n))]
-    # at l = L - 1 the query rows are the same for every candidate: their queries are projected once per batch
-    queries_scope = "batch" if join_layer == L - 1 else "candidate"
-    return terms + [
-        Term("last_query_rows_queries", linear(q, n, n), queries_scope),
-        Term("last_query_rows_attention", attention(q, q + d, n)),
-        Term("last_query_rows_output", linear(q, n, n)),
-        Term("last_query_rows_ffn", linear(q, n, f) + linear(q, f, n)),
-        Term("head", linear(1, n, 2)),
-    ]
 
 
 class CompressedTokenBlock:

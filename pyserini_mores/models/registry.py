@@ -1,8 +1,10 @@
 """The one list of the package's models: model type → the class that implements it.
 
-Everything else the package asks of a model — its training loss, trainable module groups, FLOP count, benchmark
-variants, explanations — is asked of the class itself (:class:`~.base.RankingModel`), so adding a model is one module
-plus one line here (or one :func:`register_model` call from outside the package). Built-in classes are named by
+What training, loading and reranking ask of a model — its training loss, trainable module groups, fp32 steps — is
+asked of the class itself (its :class:`~.base.ModelCapabilities`), so adding a model is one module plus one line here
+(or one :func:`register_model` call from outside the package). The benchmark and the explanations keep their own
+tables keyed by model type (:mod:`pyserini_mores.bench.model_hooks`, :data:`pyserini_mores.explain.EXPLAINERS`),
+where a model that wants measuring or explaining adds a line of its own. Built-in classes are named by
 ``"module:Class"`` and imported on first use: listing the model types (``train --help``) starts no torch.
 """
 from __future__ import annotations
@@ -25,7 +27,7 @@ MODEL_TYPES = tuple(MODEL_CLASSES)
 
 def register_model(model_type: str, model: type | str, *, replace: bool = False) -> None:
     """Make ``model`` (a :class:`~.base.RankingModel` subclass, or ``"module:Class"``) the model of ``model_type``:
-    loading, rerankers, training, the benchmark and explanations find it from here.
+    loading, rerankers and training find it from here.
 
     Raises:
         ValueError: the type is taken (unless ``replace``), or the class names another ``model_type``.

@@ -50,10 +50,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._layers import BertDims, attention_context
+from ._layers import attention_context
 from .backbones import DEFAULT_BACKBONE
-from .base import RankingConfig, RankingModel, pad_documents, read_checkpoint_config
-from .flops import FlopCount, Term, attention, linear
+from .base import ModelCapabilities, RankingConfig, RankingModel, pad_documents, read_checkpoint_config
 from .loading import backbone_weights
 
 logger = logging.getLogger(__name__)
@@ -394,14 +393,14 @@ class TKModel(RankingModel):
 
     model_type = "tk"
     config_class = TKConfig
-    default_loss = "pairwise"  # the paper's hinge
-    #: the kernel-scoring weights (§4.3: trained at 1e-3, the embeddings and contextualiser at 1e-4)
-    new_parameters = ("pooled_scale", "log_weights.", "len_weights.", "combine.")
-    starts_from_glove = True  # the paper's word-level embeddings (:meth:`from_glove`)
-    fp32_parameters = ("log_weights.", "len_weights.", "combine.", "pooled_scale")  # kernel pooling and scoring
-    document_special_tokens = 0
-    stores_unit_vectors = True
-    explanation = "kernels"
+    capabilities = ModelCapabilities(
+        default_loss="pairwise",  # the paper's hinge
+        # the kernel-scoring weights (§4.3: trained at 1e-3, the embeddings and contextualiser at 1e-4)
+        new_parameters=("pooled_scale", "log_weights.", "len_weights.", "combine."),
+        starts_from_glove=True,  # the paper's word-level embeddings (:meth:`from_glove`)
+        fp32_parameters=("log_weights.", "len_weights.", "combine.", "pooled_scale"),  # kernel pooling and scoring
+        explains_scores=True,  # :meth:`explain`
+    )
 
     def __init__(self, config: TKConfig, tokenizer):
         super().__init__(config, tokenizer)
@@ -650,11 +649,12 @@ class TKModel(RankingModel):
     # ---- training helpers -------------------------------------------------------------------------------------------
     def parameter_groups(self, contextualizer_lr: float = 1e-4, scoring_lr: float = 1e-3) -> list[dict]:
         """Adam parameter groups as in the paper (§4.3): embeddings, contextualiser and α at ``contextualizer_lr``,
-        the kernel-scoring weights (:attr:`new_parameters`) at ``scoring_lr``. Frozen parameters are left out."""
+        the kernel-scoring weights (the capabilities' ``new_parameters``) at ``scoring_lr``. Frozen parameters are
+        left out."""
         contextual, scoring = [], []
         for name, parameter in self.named_parameters():
             if parameter.requires_grad:
-                (scoring if name.startswith(self.new_parameters) else contextual).append(parameter)
+                (scoring if name.startswith(self.capabilities.new_parameters) else contextual).append(parameter)
         return [{"params": contextual, "lr": contextualizer_lr}, {"params": scoring, "lr": scoring_lr}]
 
     def optimizer_groups(self, lr: float, head_lr: float | None = None,
@@ -663,70 +663,6 @@ class TKModel(RankingModel):
         self._check_joint_lr(joint_lr)
         return self.parameter_groups(contextualizer_lr=lr, scoring_lr=head_lr if head_lr is not None else lr)
 
-    # ---- the benchmark ------------------------------------------------------------------------------------------
-    def flops(self, query_tokens: int, doc_tokens: int) -> FlopCount:
-        """:func:`tk_flops` of this configuration (``doc_tokens``: document terms)."""
-        return tk_flops(TKShape.from_config(self.config), query_tokens, doc_tokens, self.config.mode)
-
-    @classmethod
-    def benchmark_variants(cls, num_layers: int, compression_dim: int) -> list[tuple[str, dict]]:
-        return [(mode, {"mode": mode}) for mode in MODES]
-
-    @classmethod
-    def random_config(cls, dims: BertDims, tokenizer, **fields) -> TKConfig:
-        """Term embeddings as wide as ``dims``'s hidden states, over ``tokenizer``'s WordPiece vocabulary."""
-        return TKConfig(embedding_dim=dims.hidden_size, vocab_size=len(tokenizer), tokenizer_type="wordpiece",
-                        **fields)
-
-
-@dataclass(frozen=True)
-class TKShape:
-    """The dimensions that decide TK's FLOPs."""
-
-    embedding: int
-    layers: int
-    heads: int
-    head_dim: int
-    ffn: int
-    kernels: int
-
-    @classmethod
-    def from_config(cls, config: TKConfig) -> "TKShape":
-        return cls(config.embedding_dim, config.num_layers, config.num_heads, config.head_dim, config.ffn_dim,
-                   len(config.kernel_mus))
-
-
-#: FLOPs of one RBF kernel value: (M − μ), square, exp, sum over the document
-KERNEL_FLOPS_PER_VALUE = 4
-
-
-def tk_layer(tokens: int, shape: TKShape) -> int:
-    """``4·T·m·F + 8·T·m·A + 4·T²·A``: FF block, QKV + output projections, attention (``A = heads·head_dim``)."""
-    m, width = shape.embedding, shape.heads * shape.head_dim
-    return (linear(tokens, m, shape.ffn) + linear(tokens, shape.ffn, m) + linear(tokens, m, 3 * width)
-            + attention(tokens, tokens, width) + linear(tokens, width, m))
-
-
-def tk_flops(shape: TKShape, query_tokens: int, doc_tokens: int, mode: str) -> FlopCount:
-    """TK's online FLOPs (embedding ``m``, ``Lt`` layers, ``K`` kernels): the contextualised query
-    ``Lt·tk_layer(q)`` (``online``: once per batch, as ``score_texts`` encodes the query per call); per candidate the
-    cosine match matrix ``2·q·d·m`` and the final linears ``4K + 4``, and as ``elementwise`` terms (the kernel
-    pooling *is* TK's interaction) the document norms ``2·d·m`` and kernels ``4·q·d·K``; ``online`` adds
-    ``Lt·tk_layer(d)`` per candidate. Notation in :mod:`.flops`."""
-    if mode not in MODES:
-        raise ValueError(f"mode must be ctx or online, not {mode!r}")
-    m, q, d, k = shape.embedding, query_tokens, doc_tokens, shape.kernels
-    query_scope = "query" if mode == "ctx" else "batch"
-    terms = [Term("query_contextualiser", shape.layers * tk_layer(q, shape), query_scope)]
-    if mode == "online":
-        terms.append(Term("doc_contextualiser", shape.layers * tk_layer(d, shape)))
-    terms += [
-        Term("cosine", 2 * q * d * m),
-        Term("doc_norms", 2 * d * m, kind="elementwise"),
-        Term("kernels", KERNEL_FLOPS_PER_VALUE * q * d * k, kind="elementwise"),
-        Term("scoring_linears", linear(1, k, 1) * 2 + linear(1, 2, 1)),
-    ]
-    return FlopCount(tuple(terms))
 
 
 def _compact(vectors: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
@@ -734,5 +670,5 @@ def _compact(vectors: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
     return [row[keep] for row, keep in zip(vectors, mask)]
 
 
-__all__ = ["TKConfig", "TKModel", "TKQueryState", "TKShape", "KernelPooling", "KernelFeatures", "WordTokenizer",
-           "load_glove_embeddings", "sinusoidal_positions", "tk_flops", "tk_layer", "TK_KERNEL_MUS"]
+__all__ = ["TKConfig", "TKModel", "TKQueryState", "KernelPooling", "KernelFeatures", "WordTokenizer",
+           "load_glove_embeddings", "sinusoidal_positions", "TK_KERNEL_MUS"]

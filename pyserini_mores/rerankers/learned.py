@@ -66,7 +66,7 @@ class ModelReranker(Reranker):
             by batch; scores come back to the CPU.
         cast_weights: under ``bf16``, score with a copy of the model whose weights were cast to bf16 once
             (:func:`bf16_scoring_copy`) instead of autocast alone, which re-casts every fp32 weight on every call.
-            ``None`` (default): the model's choice, :attr:`RankingModel.bf16_weight_copy` (the copy, except for
+            ``None`` (default): the model's choice, its capabilities' ``bf16_weight_copy`` (the copy, except for
             MORES). ``model`` itself stays fp32, so its fingerprints and sidecar builds do not change.
         remap_by_docid: candidates whose row (``lucene_docid``) holds another document in the sidecar are read at
             the row of their docid (binary search in the sidecar's sorted docids) instead of refused; for hits of
@@ -95,7 +95,7 @@ class ModelReranker(Reranker):
         self.remap_by_docid = remap_by_docid
         self._remap_reported = False
         self.sidecar = sidecar  # after name and precision: setting it checks the sidecar's build precision
-        self.cast_weights = model.bf16_weight_copy if cast_weights is None else cast_weights
+        self.cast_weights = model.capabilities.bf16_weight_copy if cast_weights is None else cast_weights
         self._scoring_copy: RankingModel | None = None
         self._scoring_copy_of: tuple | None = None
         self._buffers = threading.local()
@@ -203,7 +203,7 @@ class ModelReranker(Reranker):
 
     def _attach_explanations(self, query: Query, texts: list[Text]) -> None:
         model = self.model
-        if model.explanation != "kernels" or model.store_width is None:  # the numbers of TK's ``explain``
+        if not model.capabilities.explains_scores or model.store_width is None:  # the numbers of TK's ``explain``
             raise ValueError(f"reranker '{self.name}' cannot explain its scores")
         with torch.inference_mode():
             query_state = model.encode_query(self._on_device(model.tokenize_queries([query.text])))
@@ -331,7 +331,7 @@ class ModelReranker(Reranker):
 
 def bf16_scoring_copy(model: RankingModel) -> RankingModel:
     """An inference copy of ``model`` with every floating parameter in bfloat16 except LayerNorm's γ and β and
-    the parameters of the model's deliberate fp32 steps (``model.fp32_parameters``).
+    the parameters of the model's deliberate fp32 steps (``model.capabilities.fp32_parameters``).
 
     Close to what CPU autocast computes, without its per-call weight casts: matmuls and attention run in bf16 as
     under autocast; LayerNorm keeps autocast's fp32 γ and β and normalises in fp32 (the CPU kernel accumulates bf16
@@ -343,7 +343,8 @@ def bf16_scoring_copy(model: RankingModel) -> RankingModel:
 
     keep = {id(parameter) for module in model.modules() if isinstance(module, nn.LayerNorm)
             for parameter in module.parameters(recurse=False)}
-    keep |= {id(parameter) for name, parameter in model.named_parameters() if name.startswith(model.fp32_parameters)}
+    fp32 = model.capabilities.fp32_parameters
+    keep |= {id(parameter) for name, parameter in model.named_parameters() if name.startswith(fp32)}
     # deepcopy takes objects already in its memo as they are: pre-seeding it with the cast parameters builds the
     # copy without a transient second fp32 model, and shares what must not be copied.
     memo: dict[int, Any] = {id(model.tokenizer): model.tokenizer}

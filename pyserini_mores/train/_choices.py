@@ -6,8 +6,8 @@ from ..models.registry import MODEL_TYPES
 LOSSES = ("pointwise", "pairwise", "listwise", "distill", "margin-mse")
 #: the losses that learn from a teacher's scores (scored triples)
 TEACHER_LOSSES = ("distill", "margin-mse")
-#: ``all``, or a module group a model declares (:attr:`~pyserini_mores.models.base.RankingModel.trainable_module_groups`:
-#: MORES's adapt-interaction and adapt-representation)
+#: ``all``, or a module group a model declares (its capabilities' ``trainable_module_groups``: MORES's
+#: adapt-interaction and adapt-representation)
 TRAIN_MODULES = ("all", "interaction", "representation")
 SCHEDULERS = ("linear", "constant", "cosine")
 

@@ -14,6 +14,7 @@ from typing import Iterable, Sequence
 import torch
 from torch import nn
 
+from ..models.base import ModelCapabilities
 from ..models.losses import (listwise_distillation, listwise_softmax_cross_entropy, margin_mse, pairwise_hinge,
                              pointwise_cross_entropy, ranking_scores)
 from ._choices import LOSSES, TEACHER_LOSSES, TRAIN_MODULES
@@ -161,14 +162,14 @@ def select_trainable(model: nn.Module, train_modules: str = "all", freeze_embedd
     """Freeze every parameter outside ``train_modules`` and return the names of those left trainable.
 
     ``all`` keeps the model's own choices (e.g. TK's frozen borrowed embeddings); any other name is one of the
-    model's :attr:`~pyserini_mores.models.base.RankingModel.trainable_module_groups` — for MORES ``interaction``
+    model's :attr:`~pyserini_mores.models.base.ModelCapabilities.trainable_module_groups` — for MORES ``interaction``
     (adapt-interaction: only the interaction blocks and head train) and ``representation`` (adapt-representation:
     only the document and query modules — tied layers included — train).
     ``freeze_embeddings`` also freezes every embedding table (and its LayerNorm): half of a MiniLM's weights, so a
     model trained that way differs from its backbone only in its layers and can ship as a small delta
     (:func:`pyserini_mores.models.delta.save_delta`).
     ``freeze_layers`` also freezes the first that many layers of the model's one Transformer stack (its
-    :attr:`~pyserini_mores.models.base.RankingModel.layer_stack`): a cross-encoder trained so, with frozen
+    :attr:`~pyserini_mores.models.base.ModelCapabilities.layer_stack`): a cross-encoder trained so, with frozen
     embeddings too, keeps what the models built from it copied (MORES's document module is its first layers), so
     their deltas and sidecars stay valid over it; PreTTR's is its one encoder (separate below the join, joint
     above it), MORES's its document module's.
@@ -180,7 +181,7 @@ def select_trainable(model: nn.Module, train_modules: str = "all", freeze_embedd
     if train_modules not in TRAIN_MODULES:
         raise ValueError(f"unknown train_modules '{train_modules}'; choose from {', '.join(TRAIN_MODULES)}")
     if train_modules != "all":
-        groups = getattr(model, "trainable_module_groups", {})
+        groups = _capabilities(model).trainable_module_groups
         if train_modules not in groups:
             model_type = getattr(model, "model_type", type(model).__name__)
             raise ValueError(f"--train-modules {train_modules} is MORES's adapt-{train_modules}; a '{model_type}' "
@@ -201,9 +202,14 @@ def select_trainable(model: nn.Module, train_modules: str = "all", freeze_embedd
     return trainable
 
 
+def _capabilities(model: nn.Module) -> ModelCapabilities:
+    """``model``'s capabilities; a plain module has the defaults (no module groups, no layer stack)."""
+    return getattr(model, "capabilities", ModelCapabilities())
+
+
 def _freeze_lower_layers(model: nn.Module, count: int) -> None:
-    """Freeze the first ``count`` layers of ``model``'s :attr:`~pyserini_mores.models.base.RankingModel.layer_stack`."""
-    stack = getattr(model, "layer_stack", None)
+    """Freeze the first ``count`` layers of ``model``'s ``capabilities.layer_stack``."""
+    stack = _capabilities(model).layer_stack
     if stack is None:
         model_type = getattr(model, "model_type", type(model).__name__)
         raise ValueError("--freeze-layers needs a model with one stack of Transformer layers (a cross-encoder, "
@@ -236,7 +242,7 @@ def parameter_groups(model: nn.Module, lr: float, head_lr: float | None = None,
     """Optimiser parameter groups over the trainable parameters.
 
     ``head_lr`` (when set) is the learning rate of the model's new layers
-    (:attr:`~pyserini_mores.models.base.RankingModel.new_parameters`): the score head of MORES/cross-encoder/PreTTR
+    (:attr:`~pyserini_mores.models.base.ModelCapabilities.new_parameters`): the score head of MORES/cross-encoder/PreTTR
     (PreTTR P4: 1e-3 for ``W_combine``), TK's kernel-scoring weights (§4.3: 1e-3, ``lr`` then being the
     embeddings'/contextualiser's 1e-4). ``joint_lr`` (when set) is that of the layers reading query and document
     together above those reading them apart (:attr:`~pyserini_mores.models.base.RankingModel.joint_parameters`:

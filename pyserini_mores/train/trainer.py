@@ -61,10 +61,10 @@ CHECKPOINT_PREFIX = "checkpoint-"
 STATE_NAME = "trainer_state.json"
 ARGS_NAME = "training_args.json"
 SUMMARY_NAME = "training_summary.json"
-#: ``--init`` files read as GloVe vectors by a model that starts from GloVe (its ``starts_from_glove``)
+#: ``--init`` files read as GloVe vectors by a model that starts from GloVe (its ``capabilities.starts_from_glove``)
 GLOVE_SUFFIXES = (".txt", ".txt.gz")
-#: model type → the loss it trains with unless told otherwise (each model's own ``default_loss``)
-DEFAULT_LOSSES = ModelTable(lambda model: model.default_loss)
+#: model type → the loss it trains with unless told otherwise (each model's own ``capabilities.default_loss``)
+DEFAULT_LOSSES = ModelTable(lambda model: model.capabilities.default_loss)
 #: settings that change the trajectory of a run; --resume refuses to continue with different values
 RESUME_MUST_MATCH = ("model_type", "init", "triples", "loss", "model_args", "train_modules", "batch_size",
                      "grad_accum", "lr", "head_lr", "joint_lr", "dropout", "weight_decay", "warmup_steps", "scheduler",
@@ -313,7 +313,7 @@ def build_model(model_type: str, init: str, model_args: dict | None = None) -> R
     model_args = dict(model_args or {})
     name = str(init)
     cls = model_class(model_type)
-    if cls.starts_from_glove and Path(name).is_file() and name.endswith(GLOVE_SUFFIXES):
+    if cls.capabilities.starts_from_glove and Path(name).is_file() and name.endswith(GLOVE_SUFFIXES):
         max_words = model_args.pop("max_words", None)
         return cls.from_glove(name, max_words=max_words, **model_args)
     return load_model(model_type, init, **model_args)

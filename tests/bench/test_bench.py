@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from pyserini_mores.bench import flops, workload
+from pyserini_mores.bench import flops, model_flops, workload
 from pyserini_mores.bench.report import MACHINE_KEYS, RESULT_KEYS
 
 SMALL = flops.EncoderShape(hidden=4, layers=3, heads=2, ffn=8)
@@ -27,7 +27,7 @@ def test_cls_only_layer_matches_a_hand_count():
 def test_cross_encoder_flops_match_a_hand_count():
     # q = 2, d = 3 → T = 5: per layer 8·5·16 + 4·25·4 + 4·5·4·8 = 640 + 400 + 640 = 1680; 2 full layers, the
     # last [CLS]-only 416; head 2·4·2 = 16
-    count = flops.cross_encoder_flops(SMALL, query_tokens=2, doc_tokens=3)
+    count = model_flops.cross_encoder_flops(SMALL, query_tokens=2, doc_tokens=3)
     assert count.sum("query") == 0
     assert count.sum("candidate") == 2 * 1680 + 416 + 16
     assert count.total(1000) == 1000 * 3792
@@ -41,7 +41,7 @@ def test_mores_flops_match_a_hand_count(reuse, every_row, per_candidate):
     # FFN: cls_only_layer(2) = 64 + 64 + 2·(2·2·2·4) + 128 = 320 → 496; every row (the paper's count):
     # self-attention 192 + 64 + 64 = 320, FFN 256 → 752. S1 projects the document's keys and values too:
     # 2·(2·3·4·4) = 192 more.
-    count = flops.mores_flops(SMALL, query_tokens=2, doc_tokens=3, interaction_blocks=1, reuse=reuse,
+    count = model_flops.mores_flops(SMALL, query_tokens=2, doc_tokens=3, interaction_blocks=1, reuse=reuse,
                               every_row=every_row)
     assert count.sum("query") == 1216
     assert count.sum("candidate") == per_candidate
@@ -49,8 +49,8 @@ def test_mores_flops_match_a_hand_count(reuse, every_row, per_candidate):
 
 
 def test_second_interaction_block_projects_its_own_queries():
-    one = flops.mores_flops(SMALL, 2, 3, interaction_blocks=1, reuse="s2")
-    two = flops.mores_flops(SMALL, 2, 3, interaction_blocks=2, reuse="s2")
+    one = model_flops.mores_flops(SMALL, 2, 3, interaction_blocks=1, reuse="s2")
+    two = model_flops.mores_flops(SMALL, 2, 3, interaction_blocks=2, reuse="s2")
     # one more full block (752 − 16 head) before the [CLS]-only last one, plus the last block's own cross-attention
     # query projection (64); one layer fewer in the query
     assert two.sum("candidate") - one.sum("candidate") == 752 - 16 + 64
@@ -59,12 +59,12 @@ def test_second_interaction_block_projects_its_own_queries():
 
 def test_flop_ratio_of_mores_at_bert_base_is_what_the_issue_expects():
     bert = flops.EncoderShape(768, 12, 12, 3072)
-    cross = flops.cross_encoder_flops(bert, 16, 127).total(1000)
+    cross = model_flops.cross_encoder_flops(bert, 16, 127).total(1000)
     every_layer_row = cross + 1000 * (flops.bert_layer(16 + 127, bert) - flops.cls_only_layer(16 + 127, bert))
-    paper = flops.mores_flops(bert, 16, 128, 2, "s2", every_row=True).total(1000)
+    paper = model_flops.mores_flops(bert, 16, 128, 2, "s2", every_row=True).total(1000)
     assert 45 < every_layer_row / paper < 55  # the issue quotes ≈ 48x (every row of every layer on both sides)
     # both sides [CLS]-only in their last layer, as shipped: the cross-encoder saves 8%, MORES 2xIB 40%
-    assert 70 < cross / flops.mores_flops(bert, 16, 128, 2, "s2").total(1000) < 76
+    assert 70 < cross / model_flops.mores_flops(bert, 16, 128, 2, "s2").total(1000) < 76
 
 
 def _tiny_dims():
@@ -136,11 +136,11 @@ def test_flop_formulas_equal_what_the_models_execute(variant, tokenizer):
 
 
 def test_tk_counts_its_kernels_as_elementwise_work():
-    shape = flops.TKShape(embedding=300, layers=2, heads=16, head_dim=32, ffn=100, kernels=11)
-    ctx = flops.tk_flops(shape, 16, 200, "ctx")
-    online = flops.tk_flops(shape, 16, 200, "online")
+    shape = model_flops.TKShape(embedding=300, layers=2, heads=16, head_dim=32, ffn=100, kernels=11)
+    ctx = model_flops.tk_flops(shape, 16, 200, "ctx")
+    online = model_flops.tk_flops(shape, 16, 200, "online")
     assert ctx.sum("candidate", "elementwise") == 2 * 200 * 300 + 4 * 16 * 200 * 11
-    assert online.sum("candidate") - ctx.sum("candidate") == 2 * flops.tk_layer(200, shape)
+    assert online.sum("candidate") - ctx.sum("candidate") == 2 * model_flops.tk_layer(200, shape)
     assert online.sum("query") == 0 and online.sum("batch") == ctx.sum("query")
 
 

@@ -11,6 +11,7 @@ from tiny_models import save_tiny_bert, spread_weights
 from pyserini_mores.models import load_model, pad_documents
 from pyserini_mores.models._layers import attention_mask_from_ids
 from pyserini_mores.models.mores import MoresConfig, MoresModel
+from pyserini_mores.models.mores_modules import load_modules, save_modules
 from pyserini_mores.sidecar.reader import head_major as head_major_batch
 
 QUERY = "what is a text editor"
@@ -356,12 +357,12 @@ def test_an_untied_checkpoint_is_not_tied_on_load(tokenizer, tiny_dims, tmp_path
 def test_separate_module_round_trip(tokenizer, tiny_dims, tmp_path, tied):
     model = make_model(tiny_dims, tokenizer, tied=tied, n_interaction_blocks=2)
     before = all_scores(model)
-    model.save_modules(tmp_path / "mores")
+    save_modules(model, tmp_path / "mores")
     for name in ("document_module", "query_module", "interaction_module"):
         assert (tmp_path / "mores" / name / "model.safetensors").is_file()
     assert not (tmp_path / "mores" / "model.safetensors").exists()
     # from_pretrained (and so load_model) recognises the module layout too
-    loaded = MoresModel.from_modules(tmp_path / "mores") if tied else load_model("mores", tmp_path / "mores")
+    loaded = load_modules(tmp_path / "mores") if tied else load_model("mores", tmp_path / "mores")
     after = all_scores(loaded)
     for name in before:
         assert torch.equal(after[name], before[name]), name
@@ -376,9 +377,9 @@ def test_modules_can_be_swapped(tokenizer, tiny_dims, tmp_path):
     with torch.no_grad():
         for parameter in adapted.interaction_module.parameters():
             parameter.add_(0.05 * torch.randn_like(parameter))
-    base.save_modules(tmp_path / "base")
-    adapted.save_modules(tmp_path / "adapted")
-    mixed = MoresModel.from_modules(tmp_path / "base", interaction_module=tmp_path / "adapted" / "interaction_module")
+    save_modules(base, tmp_path / "base")
+    save_modules(adapted, tmp_path / "adapted")
+    mixed = load_modules(tmp_path / "base", interaction_module=tmp_path / "adapted" / "interaction_module")
     expected = all_scores(adapted)
     for name, scores in all_scores(mixed).items():
         assert torch.equal(scores, expected[name]), name
@@ -386,7 +387,7 @@ def test_modules_can_be_swapped(tokenizer, tiny_dims, tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(mixed.document_module.state_dict().values(),
                                                  base.document_module.state_dict().values()))
     with pytest.raises(ValueError, match="holds a MORES document_module"):
-        MoresModel.from_modules(tmp_path / "base", query_module=tmp_path / "adapted" / "document_module")
+        load_modules(tmp_path / "base", query_module=tmp_path / "adapted" / "document_module")
 
 
 def test_store_fingerprints_follow_what_is_stored(tokenizer, tiny_dims):
@@ -590,8 +591,8 @@ def test_fold_blocks_command_saves_the_smaller_model(tiny_dims, tokenizer, tmp_p
 
 
 def test_joint_flops_count_one_attention_over_query_and_document_keys():
-    from pyserini_mores.models.flops import EncoderShape
-    from pyserini_mores.models.mores import mores_flops
+    from pyserini_mores.bench.flops import EncoderShape
+    from pyserini_mores.bench.model_flops import mores_flops
 
     shape = EncoderShape(layers=2, hidden=4, ffn=8, heads=2)
     q, d = 3, 5

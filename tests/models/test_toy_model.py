@@ -1,6 +1,7 @@
 """Adding a model is one class plus one registry line: a toy model defined here, registered with
 :func:`register_model`, goes through a sidecar build, search with its reranker (the sidecar's scores equal the
-text's), a training step and the benchmark's workload and FLOP count — with no other change to the package."""
+text's) and a training step; with the benchmark's own line (:func:`register_benchmark`: its variants and FLOP
+formula) also the benchmark's workload and FLOP count — with no other change to the package."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,12 +12,12 @@ import torch
 from torch import nn
 
 from pyserini_mores.bench import flops as bench_flops
-from pyserini_mores.bench import workload
+from pyserini_mores.bench import model_hooks, workload
+from pyserini_mores.bench.flops import FlopCount, Term, linear
 from pyserini_mores.index import open_searcher
 from pyserini_mores.models import RankingModel, load_model, model_class, pad_documents, register_model, registry
 from pyserini_mores.models._layers import BertDims, key_padding_mask
-from pyserini_mores.models.base import RankingConfig
-from pyserini_mores.models.flops import FlopCount, Term, linear
+from pyserini_mores.models.base import ModelCapabilities, RankingConfig
 from pyserini_mores.rerankers import get_reranker, list_rerankers
 from pyserini_mores.search import RerankingSearcher, default_sidecar_path
 from pyserini_mores.sidecar.build import build_sidecar
@@ -38,8 +39,7 @@ class ToyModel(RankingModel):
 
     model_type = "toy"
     config_class = ToyConfig
-    default_loss = "pairwise"
-    new_parameters = ("projection.",)
+    capabilities = ModelCapabilities(default_loss="pairwise", new_parameters=("projection.",))
 
     def __init__(self, config: ToyConfig, tokenizer):
         super().__init__(config, tokenizer)
@@ -73,21 +73,25 @@ class ToyModel(RankingModel):
         docs, lengths = pad_documents(self.encode_documents(doc_batch))
         return self.score(self.encode_query(query_batch), docs, lengths)
 
-    def flops(self, query_tokens: int, doc_tokens: int) -> FlopCount:
-        hidden, width = self.config.encoder.hidden_size, self.config.projection_dim
-        return FlopCount((Term("query_projection", linear(query_tokens, hidden, width), "query"),
-                          Term("doc_mean", doc_tokens * width, kind="elementwise"),
-                          Term("dot", linear(1, width, 1))))
 
-    @classmethod
-    def benchmark_variants(cls, num_layers: int, compression_dim: int) -> list[tuple[str, dict]]:
-        return [(f"w{width}", {"projection_dim": width}) for width in (8, 16)]
+def toy_flops(model: ToyModel, query_tokens: int, doc_tokens: int) -> FlopCount:
+    hidden, width = model.config.encoder.hidden_size, model.config.projection_dim
+    return FlopCount((Term("query_projection", linear(query_tokens, hidden, width), "query"),
+                      Term("doc_mean", doc_tokens * width, kind="elementwise"),
+                      Term("dot", linear(1, width, 1))))
+
+
+def toy_variants(num_layers: int, compression_dim: int) -> list[tuple[str, dict]]:
+    return [(f"w{width}", {"projection_dim": width}) for width in (8, 16)]
 
 
 @pytest.fixture
 def toy(monkeypatch):
     monkeypatch.setattr(registry, "MODEL_CLASSES", dict(registry.MODEL_CLASSES))  # forgotten after the test
+    monkeypatch.setattr(model_hooks, "BENCHMARKS", dict(model_hooks.BENCHMARKS))
     register_model("toy", ToyModel)  # the one line that adds the model
+    # the benchmark's own line for it (optional: a model without one is not benchmarked)
+    model_hooks.register_benchmark("toy", model_hooks.BenchmarkHooks(toy_variants, toy_flops))
 
 
 @pytest.fixture
