@@ -4,6 +4,7 @@ text's) and a training step; with the benchmark's own line (:func:`register_benc
 formula) also the benchmark's workload and FLOP count — with no other change to the package."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -159,3 +160,20 @@ def test_benchmark_workload_and_flops(toy, tokenizer):
         with torch.inference_mode(), bench_flops.flop_counter() as counter:
             model.score(model.encode_query(query), docs, doc_lengths)
         assert counter.get_total_flops() == count.total(5, kind="matmul")
+
+
+def test_capabilities_are_declared_once_and_read_only():
+    with pytest.raises(TypeError, match=r"^Stray sets default_loss, new_parameters as class attributes; declare them "
+                                        r"as capabilities = ModelCapabilities\(\.\.\.\)$"):
+        class Stray(RankingModel):  # the flags of old would be silently ignored
+            model_type = "stray"
+            default_loss = "pairwise"
+            new_parameters = ("head.",)
+    assert ToyModel.capabilities == ModelCapabilities(default_loss="pairwise", new_parameters=("projection.",))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ToyModel.capabilities.default_loss = "listwise"
+    mores = model_class("mores").capabilities
+    with pytest.raises(TypeError):
+        mores.trainable_module_groups["everything"] = ("",)
+    assert dict(mores.trainable_module_groups) == {"interaction": ("interaction_module.",),
+                                                   "representation": ("document_module.", "query_module.")}
