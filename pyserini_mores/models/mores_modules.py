@@ -96,7 +96,7 @@ def load_modules(
             stored = (handle.metadata() or {}).get("module")
             if stored is not None and stored != name:
                 raise ValueError(f"{path} holds a MORES {stored}, not a {name}")
-            tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 (a handle, not a dict)
+            tensors = {key: handle.get_tensor(key) for key in handle.keys()}
         _load_module_state(model, name, tensors)
     return model.eval()
 
