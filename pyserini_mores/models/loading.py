@@ -70,8 +70,8 @@ def load_model(model_type: str, name_or_path: str | os.PathLike, **overrides) ->
 
 def trained_ranker(name_or_path: str | os.PathLike, model_types: tuple[str, ...] | None = None):
     """The trained model saved at ``name_or_path`` when it is one whose encoder is a backbone
-    (:attr:`~RankingModel.encoder_is_a_backbone`: the cross-encoder, MaxSim) and of ``model_types`` (any such by
-    default), else ``None``.
+    (:attr:`~.base.ModelCapabilities.encoder_is_a_backbone`: the cross-encoder, MaxSim) and of ``model_types`` (any
+    such by default), else ``None``.
 
     A BERT already fine-tuned for ranking is a backbone like any other, and a far better start for the models that
     split it (MORES, PreTTR) when training data is small: they begin from a ranker instead of a sentence encoder.
