@@ -193,12 +193,12 @@ class _Cell:
                 storage.update(TEXT_STORAGE)
                 candidates = [Text(self.doc_texts[row], {"docid": f"doc{row}", "lucene_docid": int(row)})
                               for row in self.rows]
-            records = []
+            records, joint = [], benchmark_hooks(variant.model).joint_input
             for precision in config.precisions:
                 progress(f"{self.backbone} d={lengths.doc_len} {variant.key} {precision}: timing")
                 timing = _time_reranker(model, reader, candidates, self.query_text, precision, config, self.device)
                 records.append(self.record(variant, precision, timing, count, storage, peaks,
-                                           joint=benchmark_hooks(variant.model).joint_input, path="text" if reader is None else "sidecar"))
+                                           joint=joint, path="text" if reader is None else "sidecar"))
                 self._report(records[-1], progress)
                 if compared is not None:  # timed next to the cross-encoder, at the same precision
                     records += compared.measure(precision, peaks)
