@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._jvm import ensure_jvm, import_pyserini
+from ..errors import UserFixableError
 from ..formats import read_collection
+from .content import IndexContent, cached_content, hash_texts, in_memory, store_content
 
 logger = logging.getLogger(__name__)
 
@@ -170,11 +172,23 @@ def index_docids(searcher) -> list[str]:
     return [searcher.doc(row).docid() for row in range(searcher.num_docs)]
 
 
-def index_identity(searcher) -> dict:
-    """What a sidecar is bound to: the document count and a hash of the docids at evenly spaced rows.
+class IndexIdentity(dict):
+    """An index identity (a plain dict: ``num_docs``, ``signature``, ``content`` when the index stores text) that
+    also carries where it came from: ``path`` (the index directory) and ``content_hashes`` (a callable returning the
+    ``[num_docs]`` uint64 text hashes, or None), so that a sidecar built from other texts can name them."""
 
-    Cheap for any index size (at most :data:`IDENTITY_SAMPLES` stored-field reads) and stable across machines
-    and copies of the same index; a rebuilt index whose row order changed gets a different signature.
+    path: str | None = None
+    content_hashes = None
+
+
+def index_identity(searcher) -> IndexIdentity:
+    """What a sidecar is bound to: the document count, a hash of the docids at evenly spaced rows, and the digest of
+    every document's text hash (``content``; :mod:`.content`), when the index stores text.
+
+    The docid signature costs at most :data:`IDENTITY_SAMPLES` stored-field reads; the content digest is read from
+    its cache beside the index (computed once per index build, reading every document: see :func:`index_content`).
+    Stable across machines and copies of the same index; a rebuilt index whose row order or texts changed gets
+    another identity.
     """
     num_docs = int(searcher.num_docs)
     step = max(1, num_docs // IDENTITY_SAMPLES)
@@ -182,7 +196,39 @@ def index_identity(searcher) -> dict:
     digest = hashlib.sha256(str(num_docs).encode())
     for row in rows:
         digest.update(f"{row}:{searcher.doc(row).docid()}\n".encode())
-    return {"num_docs": num_docs, "signature": digest.hexdigest()}
+    identity = IndexIdentity(num_docs=num_docs, signature=digest.hexdigest())
+    content = index_content(searcher)
+    if content is not None:
+        identity["content"] = content.digest
+        identity.content_hashes = content.load
+    identity.path = getattr(searcher, "index_dir", None)
+    return identity
+
+
+def index_content(searcher, *, progress: bool = True) -> IndexContent | None:
+    """The text hashes of every document of ``searcher``'s index (:mod:`.content`): from the cache beside the index
+    when it belongs to the index's current commit, else computed (every stored text read once) and cached. None
+    when the index stores no text (its sidecars are built from ``--collection``; their content is not checked)."""
+    num_docs = int(searcher.num_docs)
+    index_dir = getattr(searcher, "index_dir", None)
+    if index_dir is not None:
+        cached = cached_content(index_dir, num_docs)
+        if cached is not None:
+            return cached
+    if num_docs:
+        try:
+            document_text(searcher.doc(0))
+        except MissingDocumentTextError:
+            return None
+    from tqdm.auto import tqdm
+
+    logger.info("hashing the text of %d documents of %s (once per index build)", num_docs, index_dir)
+    documents = tqdm(iter_index_documents(searcher), total=num_docs, unit="doc", desc="hash document texts",
+                     disable=not progress or num_docs < 10_000)
+    hashes = hash_texts((text for _, _, text in documents), num_docs)
+    if index_dir is None:
+        return in_memory(hashes)
+    return store_content(index_dir, hashes)
 
 
 def build_lucene_index(input_dir: str | os.PathLike, index_dir: str | os.PathLike, threads: int = 1,
@@ -202,30 +248,72 @@ def build_lucene_index(input_dir: str | os.PathLike, index_dir: str | os.PathLik
     return index_dir
 
 
-def index_collection(collection: str | os.PathLike, index_dir: str | os.PathLike, threads: int = 1) -> Path:
-    """Build a Lucene index of an MS MARCO TSV / JSONL collection file or JsonCollection directory.
+class BlankDocumentsError(UserFixableError, ValueError):
+    """``strict`` indexing met documents Lucene would not index (empty or whitespace-only text)."""
+
+
+@dataclass(frozen=True)
+class IndexReport:
+    """What :func:`index_collection` did: the index, how many documents it holds, and the docids it left out."""
+
+    path: Path
+    num_docs: int
+    skipped: list[str]
+
+
+def is_blank(text: str) -> bool:
+    """Whether Anserini refuses ``text`` as an empty document: nothing left after Java's ``String.trim()``, which
+    strips every character up to U+0020 (control characters included, not Unicode spaces such as U+00A0)."""
+    return all(ord(character) <= 0x20 for character in text)
+
+
+def index_collection(collection: str | os.PathLike, index_dir: str | os.PathLike, threads: int = 1, *,
+                     strict: bool = False) -> IndexReport:
+    """Build a Lucene index of an MS MARCO TSV / JSONL collection file or JsonCollection directory, then hash every
+    indexed document's text (:func:`index_content`, cached beside the index).
 
     The text is rewritten as a JsonCollection beside the index and indexed into ``<index>.partial``, which is
-    renamed into place only when Lucene has finished: an interrupted build never looks like an index.
+    renamed into place only when Lucene has finished: an interrupted build never looks like an index. Documents
+    whose text is empty or whitespace only are left out (Lucene's document generator refuses them) and reported.
 
     Raises:
         FileExistsError: ``index_dir`` already exists.
+        BlankDocumentsError: ``strict`` and some documents are blank (nothing is written).
     """
     index_dir = Path(index_dir)
     if index_dir.exists():
         raise FileExistsError(f"{index_dir} already exists; remove it or choose another --index")
+    if strict:
+        blank = [docid for docid, text in read_collection(collection) if is_blank(text)]
+        if blank:
+            raise BlankDocumentsError(f"{len(blank)} document(s) of {collection} have empty or whitespace-only "
+                                      f"text and would not be indexed ({_first(blank)}); nothing was written")
     staging = index_dir.with_name(index_dir.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     jsonl_dir = staging / "_jsonl"
     jsonl_dir.mkdir(parents=True)
-    count = 0
+    count, skipped = 0, []
     with open(jsonl_dir / "docs.jsonl", "w", encoding="utf-8") as out:
         for docid, text in read_collection(collection):
+            if is_blank(text):
+                skipped.append(docid)
+                continue
             out.write(json.dumps({"id": docid, "contents": text}, ensure_ascii=False) + "\n")
             count += 1
     built = build_lucene_index(jsonl_dir, staging / "index", threads=threads)
     os.replace(built, index_dir)
     shutil.rmtree(staging)
-    logger.info("indexed %d documents into %s", count, index_dir)
-    return index_dir
+    searcher = open_searcher(ResolvedIndex(index_dir.resolve()))
+    try:
+        num_docs = int(searcher.num_docs)
+        index_content(searcher)
+    finally:
+        searcher.close()
+    if num_docs != count:
+        logger.warning("%d documents were written for Lucene but the index holds %d", count, num_docs)
+    logger.info("indexed %d documents into %s", num_docs, index_dir)
+    return IndexReport(index_dir, num_docs, skipped)
 
+
+def _first(docids: list[str], shown: int = 5) -> str:
+    return ", ".join(docids[:shown]) + (", ..." if len(docids) > shown else "")

@@ -14,17 +14,24 @@ def build_parser() -> argparse.ArgumentParser:
                                                             "directory (optionally gzipped)")
     parser.add_argument("--index", required=True, help="index directory to create")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--strict", action="store_true",
+                        help="refuse (exit 2, nothing written) a collection with empty or whitespace-only documents, "
+                             "which Lucene does not index; without it they are left out and listed")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_parsed(build_parser(), run_index, argv, exit_on_error=True)
+    return run_parsed(build_parser(), run_index, argv)
 
 
 def run_index(args: argparse.Namespace) -> int:
     setup_logging(args.verbose)
-    path = index_collection(args.collection, args.index, threads=args.threads)
-    print(f"index written to {path}")
+    report = index_collection(args.collection, args.index, threads=args.threads, strict=args.strict)
+    if report.skipped:
+        shown = ", ".join(report.skipped[:10]) + (", ..." if len(report.skipped) > 10 else "")
+        print(f"not indexed: {len(report.skipped)} document(s) with empty or whitespace-only text: {shown}",
+              file=sys.stderr)
+    print(f"indexed {report.num_docs} documents into {report.path}")
     return 0
 
 

@@ -16,7 +16,7 @@ from .._model_args import format_model_arg
 from ..formats import RunFormat
 from ..index import ResolvedIndex, fetch_texts, index_identity, open_searcher, resolve_index
 from ..rerankers import Reranker, get_reranker
-from ..sidecar import default_sidecar_path, open_sidecar
+from ..sidecar import SidecarContentMismatchError, default_sidecar_path, open_sidecar
 from ..types import Query, RerankedHit, RerankStats, hits_to_texts, texts_to_hits
 from .calibration import Calibration, calibrate
 from .first_stage import (
@@ -168,9 +168,18 @@ class RerankingSearcher:
                 )
             logger.warning("no sidecar at %s: documents will be encoded from their text (slow)", path)
             return
-        self.reranker.sidecar = open_sidecar(path, expect_model_fingerprint=model.store_fingerprint(),
-                                             expect_index=index_identity(self.searcher))
+        try:
+            self.reranker.sidecar = open_sidecar(path, expect_model_fingerprint=model.store_fingerprint(),
+                                                 expect_index=index_identity(self.searcher))
+        except SidecarContentMismatchError as error:
+            raise self._stale_sidecar_error(error, path) from None
         self.sidecar_path = path
+
+    def _stale_sidecar_error(self, error: SidecarContentMismatchError, path: Path) -> SidecarContentMismatchError:
+        """``error`` with the exact command that rebuilds the sidecar at ``path`` for this index and model."""
+        command = f"{sidecar_build_command(self, path)} --overwrite"
+        return SidecarContentMismatchError(error.summary, f"rebuild it: `{command}`", changed=error.changed,
+                                           examples=error.examples)
 
     def _check_attached_sidecar(self) -> None:
         """A reranker that arrives with its sidecar open (``get_reranker(..., sidecar=...)``, or set by hand) gets the
@@ -178,7 +187,10 @@ class RerankingSearcher:
         reader = self.reranker.sidecar
         model = getattr(self.reranker, "model", None)
         fingerprint = model.store_fingerprint() if model is not None and model.store_width is not None else None
-        reader.check_built_for(model_fingerprint=fingerprint, index=index_identity(self.searcher))
+        try:
+            reader.check_built_for(model_fingerprint=fingerprint, index=index_identity(self.searcher))
+        except SidecarContentMismatchError as error:
+            raise self._stale_sidecar_error(error, Path(reader.path)) from None
         self.sidecar_path = Path(reader.path)
 
     @property

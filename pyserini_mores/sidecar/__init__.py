@@ -9,6 +9,7 @@ from .assemble import assemble_shards
 from .format import (
     FORMAT_VERSION,
     Manifest,
+    SidecarContentMismatchError,
     SidecarCorruptError,
     SidecarError,
     SidecarExistsError,
@@ -18,6 +19,7 @@ from .format import (
     default_sidecar_path,
     read_manifest,
 )
+from .integrity import SidecarIntegrityError
 from .reader import BatchBuffer, SidecarReader
 from .sharded_reader import ShardedSidecarReader, open_sidecar
 from .verify import verify_sidecar
@@ -27,7 +29,9 @@ __all__ = [
     "BatchBuffer",
     "FORMAT_VERSION",
     "Manifest",
+    "SidecarContentMismatchError",
     "SidecarCorruptError",
+    "SidecarIntegrityError",
     "SidecarError",
     "SidecarExistsError",
     "SidecarMismatchError",

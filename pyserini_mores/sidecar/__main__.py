@@ -192,6 +192,12 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    try:  # a manifest that cannot be read is one line: nothing else can be checked
+        check_directory(args.path)
+        read_sharded_manifest(args.path) if is_sharded(args.path) else read_manifest(args.path)
+    except SidecarError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     problems = verify_sidecar(args.path)
     if args.index is not None and not problems:
         problems = verify_against_index(args.path, args.index)

@@ -312,6 +312,7 @@ def build_sidecar(searcher, model: RankingModel, output: str | os.PathLike, *, r
                "fingerprint": model.store_fingerprint()},
         index=index, build=build_info, shard=shard_info, overwrite=overwrite, restart=restart,
         codec=codec, codec_options=codec_options,
+        content_hashes=index.content_hashes()[row_start:row_end] if index.get("content") else None,
     )
     _encode_rows(searcher, model, writer, texts, rows=(row_start, row_end), num_docs=num_docs,
                  batch_size=batch_size, precision=precision, progress=progress)

@@ -11,20 +11,26 @@ A sidecar is a directory::
     docids_sorted.bin         [num_docs]         the same docids sorted (np.searchsorted on the memmap)
     docids_sorted_rows.bin    [num_docs]         int64 row of each sorted docid
     codec.bin                 [parameters]       float32 trained codec parameters (compressed sidecars only)
+    content_hashes.bin        [num_docs]         uint64 hash of each row's document text (when the index stores text)
+    checksums.bin             [blocks]           uint32 crc32 of every READ_BLOCK_BYTES block of the files above
 
 A compressed sidecar (:mod:`.codecs`) has a codec name as its ``dtype`` and a ``codec`` manifest field; its
 ``tokens.bin`` holds uint8 codes ``[num_tokens, codec.code_size]``.
 
-All files are flat little-endian arrays without headers. Checksums are "sha256-blocks": the sha256 of the
-concatenated raw sha256 digests of consecutive ``block_bytes``-sized blocks of the file (an empty file has no blocks).
-Unlike a plain sha256 it can be carried across an interrupted build by re-reading at most one block.
+All files are flat little-endian arrays without headers. Whole-file checksums (``verify``) are "sha256-blocks": the
+sha256 of the concatenated raw sha256 digests of consecutive ``block_bytes``-sized blocks of the file (an empty file
+has no blocks); unlike a plain sha256 it can be carried across an interrupted build by re-reading at most one block.
+``checksums.bin`` holds the crc32 of every ``read_block_bytes`` block of each data file, in :attr:`Manifest.block_files`
+order, over the raw bytes (whatever the codec): a reader checks a block the first time it reads from it. The
+manifest's own ``manifest_sha256`` covers every other field, so an edited dtype, width or count is refused.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -34,7 +40,7 @@ import numpy as np
 from ..errors import UserFixableError
 
 FORMAT_NAME = "pyserini-mores-sidecar"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 MANIFEST = "manifest.json"
 TOKENS = "tokens.bin"
@@ -42,12 +48,26 @@ OFFSETS = "offsets.bin"
 DOCIDS = "docids.bin"
 DOCIDS_SORTED = "docids_sorted.bin"
 DOCIDS_SORTED_ROWS = "docids_sorted_rows.bin"
-DATA_FILES = (TOKENS, OFFSETS, DOCIDS, DOCIDS_SORTED, DOCIDS_SORTED_ROWS)
 CODEC = "codec.bin"
+CONTENT = "content_hashes.bin"
+BLOCK_CHECKSUMS = "checksums.bin"
+DATA_FILES = (TOKENS, OFFSETS, DOCIDS, DOCIDS_SORTED, DOCIDS_SORTED_ROWS, BLOCK_CHECKSUMS)
 
 PARTIAL_SUFFIX = ".partial"
 CHECKSUM_ALGORITHM = "sha256-blocks"
 DEFAULT_BLOCK_BYTES = 64 * 1024 * 1024
+# Blocks checked on first read: small enough that a candidate's few rows cost little more than their own bytes.
+READ_CHECKSUM_ALGORITHM = "crc32"
+READ_BLOCK_BYTES = 16 * 1024
+BLOCK_CHECKSUM_DTYPE = np.dtype("<u4")
+CONTENT_DTYPE = np.dtype("<u8")
+
+# Ranges a manifest value must lie in before it sizes an array or a read (far above any real sidecar).
+MAX_DIM = 1 << 16
+MAX_DOCS = 1 << 40
+MAX_TOKENS = 1 << 48
+MAX_DOCID_WIDTH = 4096
+MAX_FILE_BYTES = 1 << 56
 
 # Storage dtype of tokens.bin per manifest dtype. bfloat16 has no numpy dtype: its raw bits are stored as uint16.
 STORAGE_DTYPES: dict[str, np.dtype] = {
@@ -85,6 +105,16 @@ class SidecarRowMismatchError(SidecarMismatchError):
     def __init__(self, message: str, *, docid: str, row: int, stored_docid: str, mismatches: int = 1):
         super().__init__(message)
         self.docid, self.row, self.stored_docid, self.mismatches = docid, row, stored_docid, mismatches
+
+
+class SidecarContentMismatchError(SidecarMismatchError):
+    """The index holds the sidecar's documents in the same rows, but some of their texts changed since the build:
+    the stored vectors are stale. Attributes: ``changed`` (how many documents, or None when not counted),
+    ``examples`` (the first few of their docids), ``summary`` (the message without the rebuild advice)."""
+
+    def __init__(self, summary: str, advice: str, *, changed: int | None = None, examples: Sequence[str] = ()):
+        super().__init__(f"{summary}; {advice}")
+        self.summary, self.changed, self.examples = summary, changed, list(examples)
 
 
 class SidecarCorruptError(SidecarError):
@@ -143,6 +173,8 @@ class Manifest:
     library: dict[str, Any] = field(default_factory=dict)
     format: str = FORMAT_NAME
     format_version: int = FORMAT_VERSION
+    # sha256 of every other field (canonical JSON): see :func:`manifest_digest`.
+    manifest_sha256: str = ""
 
     @property
     def model_fingerprint(self) -> str:
@@ -179,11 +211,32 @@ class Manifest:
     @property
     def data_files(self) -> tuple[str, ...]:
         """Every file the manifest describes (and checksums)."""
-        return DATA_FILES + ((CODEC,) if self.compressed else ())
+        return (*self.block_files, BLOCK_CHECKSUMS)
+
+    @property
+    def block_files(self) -> tuple[str, ...]:
+        """The files ``checksums.bin`` covers, in its order."""
+        return (tuple(name for name in DATA_FILES if name != BLOCK_CHECKSUMS) + ((CODEC,) if self.compressed else ())
+                + ((CONTENT,) if self.index.get("content") else ()))
 
     @property
     def block_bytes(self) -> int:
         return int(self.checksum.get("block_bytes", DEFAULT_BLOCK_BYTES))
+
+    @property
+    def read_block_bytes(self) -> int:
+        return int(self.checksum.get("read_block_bytes", READ_BLOCK_BYTES))
+
+    def block_ranges(self) -> dict[str, tuple[int, int]]:
+        """Each covered file's ``[first, end)`` entries in ``checksums.bin``."""
+        ranges, start = {}, 0
+        for name, size in self.expected_bytes().items():
+            if name == BLOCK_CHECKSUMS:
+                continue
+            count = -(-size // self.read_block_bytes)
+            ranges[name] = (start, start + count)
+            start += count
+        return ranges
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -195,6 +248,12 @@ class Manifest:
             del data["codec"]  # so do uncompressed ones
         return {**head, **data}
 
+    def sealed(self) -> dict[str, Any]:
+        """:meth:`to_dict` with ``manifest_sha256`` set over everything else: what the writer stores."""
+        data = self.to_dict()
+        data["manifest_sha256"] = manifest_digest(data)
+        return data
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = MANIFEST) -> Manifest:
         """Parse a manifest dict; a missing or ill-typed field raises :class:`SidecarCorruptError` naming it."""
@@ -205,17 +264,21 @@ class Manifest:
             raise SidecarCorruptError(f"{source}: field 'format_version' is missing or not an integer")
         if version != FORMAT_VERSION:
             hint = ("upgrade pyserini_mores to read it" if version > FORMAT_VERSION
-                    else "rebuild the sidecar with this version")
+                    else "it has no block checksums, manifest checksum or document text hashes, so damaged bytes "
+                         "and stale vectors would go unnoticed; rebuild it with this version "
+                         "(`python -m pyserini_mores.sidecar build ... --overwrite`)")
             raise SidecarMismatchError(
                 f"{source}: sidecar format_version is {version}, this pyserini_mores reads version "
                 f"{FORMAT_VERSION}; {hint}")
         required = {"dim": int, "dtype": str, "num_docs": int, "num_tokens": int, "docid_width": int,
                     "files": dict, "model": dict, "index": dict}
         for name, kind in required.items():
-            if not isinstance(data.get(name), kind):
-                raise SidecarCorruptError(f"{source}: field '{name}' is missing or not a {kind.__name__}")
-        if not isinstance(data.get("shard", {}), dict):
-            raise SidecarCorruptError(f"{source}: field 'shard' is not a dict")
+            if not isinstance(data.get(name), kind) or isinstance(data.get(name), bool):
+                raise SidecarCorruptError(f"{source}: field '{name}' is missing or not {_KIND_NAMES[kind]}")
+        for name in ("shard", "codec", "checksum", "build", "library"):
+            if not isinstance(data.get(name, {}), dict):
+                raise SidecarCorruptError(f"{source}: field '{name}' is not a JSON object")
+        _check_ranges(data, source)
         if data["dtype"] not in STORAGE_DTYPES and data["dtype"] not in CODEC_DTYPES:
             raise SidecarCorruptError(f"{source}: field 'dtype' is {data['dtype']!r}, expected one of "
                                       f"{sorted(STORAGE_DTYPES) + list(CODEC_DTYPES)}")
@@ -227,15 +290,30 @@ class Manifest:
             raise SidecarCorruptError(f"{source}: field 'codec' is missing or incomplete for dtype "
                                       f"{data['dtype']!r} (needs name, code_size and parameter_count)")
         files = {}
-        for name in DATA_FILES + ((CODEC,) if compressed else ()):
+        names = DATA_FILES + ((CODEC,) if compressed else ()) + ((CONTENT,) if data["index"].get("content") else ())
+        for name in names:
             entry = data["files"].get(name)
-            try:
-                files[name] = FileEntry(bytes=int(entry["bytes"]), sha256=str(entry["sha256"]),
-                                        dtype=str(entry["dtype"]), shape=[int(n) for n in entry["shape"]])
-            except (TypeError, KeyError, ValueError):
-                raise SidecarCorruptError(f"{source}: field 'files.{name}' is missing or incomplete") from None
+            if not (isinstance(entry, dict) and _int_in(entry.get("bytes"), 0, MAX_FILE_BYTES)
+                    and isinstance(entry.get("sha256"), str) and isinstance(entry.get("dtype"), str)
+                    and isinstance(entry.get("shape"), list)
+                    and all(_int_in(n, 0, MAX_FILE_BYTES) for n in entry["shape"])):
+                raise SidecarCorruptError(f"{source}: field 'files.{name}' is missing or incomplete, or out of range")
+            files[name] = FileEntry(bytes=entry["bytes"], sha256=entry["sha256"], dtype=entry["dtype"],
+                                    shape=list(entry["shape"]))
         known = {f for f in cls.__dataclass_fields__} - {"files"}
-        return cls(files=files, **{k: v for k, v in data.items() if k in known})
+        manifest = cls(files=files, **{k: v for k, v in data.items() if k in known})
+        total = sum(manifest.expected_bytes().values())
+        if total > MAX_FILE_BYTES:
+            raise SidecarCorruptError(f"{source}: its counts and widths imply {total} bytes of data, beyond any "
+                                      f"sidecar (num_docs, num_tokens, dim or docid_width is wrong)")
+        # Last: a field edited to an impossible value is named above; a plausible edit is caught here.
+        recorded = data.get("manifest_sha256")
+        if recorded != manifest_digest(data):
+            raise SidecarCorruptError(
+                f"{source}: the manifest's checksum (manifest_sha256) does not match its content: it was edited or "
+                f"damaged after the build, and its dtype, widths or counts cannot be trusted; rebuild the sidecar "
+                f"(`python -m pyserini_mores.sidecar build ... --overwrite`)")
+        return manifest
 
     def expected_layout(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
         """Each data file's dtype and shape as implied by ``dim``, ``num_docs``, ``num_tokens``, ``docid_width``."""
@@ -250,15 +328,67 @@ class Manifest:
         if self.compressed:
             layout[TOKENS] = (CODE_DTYPE, (self.num_tokens, int(self.codec["code_size"])))
             layout[CODEC] = (CODEC_PARAMETER_DTYPE, (int(self.codec["parameter_count"]),))
+        if self.index.get("content"):
+            layout[CONTENT] = (CONTENT_DTYPE, (self.num_docs,))
+        blocks = sum(-(-math.prod(shape) * dtype.itemsize // self.read_block_bytes) for dtype, shape in layout.values())
+        layout[BLOCK_CHECKSUMS] = (BLOCK_CHECKSUM_DTYPE, (blocks,))
         return layout
 
     def expected_bytes(self) -> dict[str, int]:
-        return {name: int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-                for name, (dtype, shape) in self.expected_layout().items()}
+        # Python integers: absurd counts must not wrap around in int64 before they are refused.
+        return {name: math.prod(shape) * dtype.itemsize for name, (dtype, shape) in self.expected_layout().items()}
+
+
+_KIND_NAMES = {int: "an integer", str: "a string", dict: "a JSON object"}
 
 
 def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _int_in(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _check_ranges(data: Mapping[str, Any], source: str) -> None:
+    """Refuse a manifest value that would size an array or a read absurdly, naming the field and its range."""
+    bounds = {"dim": (1, MAX_DIM), "num_docs": (0, MAX_DOCS), "num_tokens": (0, MAX_TOKENS),
+              "docid_width": (1, MAX_DOCID_WIDTH)}
+    for name, (low, high) in bounds.items():
+        if not _int_in(data[name], low, high):
+            raise SidecarCorruptError(f"{source}: field '{name}' is {data[name]!r}, outside [{low}, {high}]")
+    checksum = data.get("checksum", {})
+    for name, default, (low, high) in (("block_bytes", DEFAULT_BLOCK_BYTES, (1, 1 << 40)),
+                                       ("read_block_bytes", READ_BLOCK_BYTES, (512, 1 << 30))):
+        value = checksum.get(name, default)
+        if not _int_in(value, low, high):
+            raise SidecarCorruptError(f"{source}: field 'checksum.{name}' is {value!r}, not an integer in "
+                                      f"[{low}, {high}]")
+    if checksum.get("read_algorithm", READ_CHECKSUM_ALGORITHM) != READ_CHECKSUM_ALGORITHM:
+        raise SidecarCorruptError(f"{source}: field 'checksum.read_algorithm' is "
+                                  f"{checksum.get('read_algorithm')!r}, not {READ_CHECKSUM_ALGORITHM!r}")
+    codec = data.get("codec", {})
+    for name, high in (("code_size", MAX_DIM * 4), ("parameter_count", 1 << 32)):
+        if name in codec and not _int_in(codec[name], 1, high):
+            raise SidecarCorruptError(f"{source}: field 'codec.{name}' is {codec[name]!r}, outside [1, {high}]")
+    index = data["index"]
+    if "num_docs" in index and not _int_in(index["num_docs"], 0, MAX_DOCS):
+        raise SidecarCorruptError(f"{source}: field 'index.num_docs' is {index['num_docs']!r}, outside "
+                                  f"[0, {MAX_DOCS}]")
+    for name in ("signature", "content"):
+        if name in index and not isinstance(index[name], str):
+            raise SidecarCorruptError(f"{source}: field 'index.{name}' is not a string")
+    shard = data.get("shard", {})
+    for name in ("index", "count", "row_start", "row_end", "num_docs"):
+        if name in shard and not _int_in(shard[name], 0, MAX_DOCS):
+            raise SidecarCorruptError(f"{source}: field 'shard.{name}' is {shard[name]!r}, outside [0, {MAX_DOCS}]")
+
+
+def manifest_digest(data: Mapping[str, Any]) -> str:
+    """sha256 of a manifest dict's canonical JSON without its ``manifest_sha256`` (sorted keys, no spaces)."""
+    body = {key: value for key, value in data.items() if key != "manifest_sha256"}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
 
 
 def read_manifest(path: str | os.PathLike) -> Manifest:
@@ -327,6 +457,13 @@ def check_expectations(manifest: Manifest, path: str | os.PathLike, *, model_fin
             f"store_variant={manifest.model.get('store_variant')!r}) but the model in use has fingerprint "
             f"{short_hash(model_fingerprint)}; the sidecar must be rebuilt for this model")
     if index is not None and json_normalized(dict(index)) != json_normalized(manifest.index):
+        built, now = manifest.index, dict(index)
+        if (built.get("content") and now.get("content") and built.get("num_docs") == now.get("num_docs")
+                and built.get("signature") == now.get("signature")):
+            raise SidecarContentMismatchError(
+                f"sidecar {path} was built from other document texts than the index now holds (same docids in the "
+                f"same rows, content digest {short_hash(built['content'])} then, {short_hash(now['content'])} now): "
+                f"its vectors are stale", REBUILD_ADVICE.format(path=path))
         raise SidecarMismatchError(
             f"sidecar {path} was built for another index: its index identity is {manifest.index} but the index "
             f"in use is {dict(index)}; rows would not line up with Lucene docids, rebuild the sidecar for this index")
@@ -337,6 +474,10 @@ def check_expectations(manifest: Manifest, path: str | os.PathLike, *, model_fin
         raise SidecarMismatchError(
             f"sidecar {path} stores vectors of dim {manifest.dim} but dim {dim} was expected "
             f"(the model's store width)")
+
+
+REBUILD_ADVICE = ("rebuild it: `python -m pyserini_mores.sidecar build --index INDEX --reranker NAME --model MODEL "
+                  "--output {path} --overwrite`")
 
 
 def size_problems(manifest: Manifest, path: str | os.PathLike) -> list[str]:

@@ -23,12 +23,15 @@ from .codecs import codec_from_manifest
 from .format import (
     CODEC,
     CODEC_PARAMETER_DTYPE,
+    CONTENT,
     DOCIDS,
     DOCIDS_SORTED,
     DOCIDS_SORTED_ROWS,
     OFFSETS,
+    REBUILD_ADVICE,
     TOKENS,
     Manifest,
+    SidecarContentMismatchError,
     SidecarCorruptError,
     SidecarMismatchError,
     check_directory,
@@ -37,6 +40,7 @@ from .format import (
     read_manifest,
     size_problems,
 )
+from .integrity import BlockChecker, SidecarIntegrityError
 
 if TYPE_CHECKING:
     import torch
@@ -84,7 +88,31 @@ class ManifestMetadata:
         """Refuse (:class:`SidecarMismatchError`) when the sidecar was built by another model or for another index
         than given: the checks of opening with ``expect_model_fingerprint`` / ``expect_index``, for a reader that
         was opened without them."""
-        check_expectations(self.manifest, self.path, model_fingerprint=model_fingerprint, index=index)
+        try:
+            check_expectations(self.manifest, self.path, model_fingerprint=model_fingerprint, index=index)
+        except SidecarContentMismatchError as error:
+            raise self.changed_documents_error(error, index) from None
+
+    def changed_documents_error(self, error: SidecarContentMismatchError,
+                                index: Mapping[str, Any] | None) -> SidecarContentMismatchError:
+        """``error`` naming the documents whose text changed: the rows whose stored text hash differs from the
+        index's (``index.content_hashes()``, an :class:`~pyserini_mores.index.IndexIdentity`'s), first docids and
+        count."""
+        loader = getattr(index, "content_hashes", None)
+        stored = self.content_hashes()
+        if loader is None or len(stored) != self.num_docs:
+            return error
+        current = np.asarray(loader())
+        if current.shape != stored.shape:
+            return error
+        changed = np.flatnonzero(current != stored)
+        examples = self.docids(changed[:5])
+        shown = ", ".join(examples) + (", ..." if len(changed) > len(examples) else "")
+        where = getattr(index, "path", None) or "the index"
+        summary = (f"sidecar {self.path} was built from other texts than {where} holds now: {len(changed)} of "
+                   f"{self.num_docs} documents changed ({shown}); their stored vectors are stale")
+        return SidecarContentMismatchError(summary, REBUILD_ADVICE.format(path=self.path), changed=len(changed),
+                                           examples=examples)
 
 
 class SidecarReader(ManifestMetadata):
@@ -126,8 +154,12 @@ class SidecarReader(ManifestMetadata):
                 f"{self.path} is shard {shard.get('index')} of {shard.get('count')} (rows [{shard.get('row_start')}, "
                 f"{shard.get('row_end')})) of a sharded sidecar, not a whole one; open the sidecar assembled from "
                 f"its shards (`python -m pyserini_mores.sidecar assemble --output DIR SHARD...`)")
-        check_expectations(self.manifest, self.path, model_fingerprint=expect_model_fingerprint,
-                           index=expect_index, dtype=expect_dtype, dim=expect_dim)
+        stale = None  # named after the files are checked: naming the changed documents reads two of them
+        try:
+            check_expectations(self.manifest, self.path, model_fingerprint=expect_model_fingerprint,
+                               index=expect_index, dtype=expect_dtype, dim=expect_dim)
+        except SidecarContentMismatchError as error:
+            stale = error
         problems = size_problems(self.manifest, self.path)
         if problems:
             raise SidecarCorruptError(
@@ -139,14 +171,19 @@ class SidecarReader(ManifestMetadata):
         self._file_identity = {name: _identity(os.stat(self.path / name)) for name in self._layout}
         self._maps: dict[str, Any] = {}  # memmaps by file name, and their torch view
         self._codec = None  # a compressed sidecar's trained codec, loaded on first decode
+        # Every byte a read hands out is checked against checksums.bin the first time its block is read.
+        self._blocks = BlockChecker(self.path, self.manifest, self._array)
+        self._blocks.check_file(OFFSETS)
         # Every read trusts the offsets (a row's slice of tokens.bin, its length): a damaged offsets.bin of the right
         # size would hand out other documents' vectors or empty ones. One vectorised pass over num_docs + 1 int64,
         # through a mapping of its own: files are still mapped on first use (the pages stay in the page cache).
-        problems = offset_problems(self._map(OFFSETS), self.num_tokens, self.manifest.files[OFFSETS].dtype)
+        problems = offset_problems(self._array(OFFSETS), self.num_tokens, self.manifest.files[OFFSETS].dtype)
         if problems:
             raise SidecarCorruptError(
                 f"sidecar {self.path} is damaged ({self.path / OFFSETS}): {'; '.join(problems)}. Rebuild it "
                 f"(`python -m pyserini_mores.sidecar verify {self.path}` lists every problem)")
+        if stale is not None:
+            raise self.changed_documents_error(stale, expect_index)
 
     # ---- metadata (num_docs, num_tokens, dim, dtype, model, index: ManifestMetadata) ---------------------------
     @property
@@ -159,6 +196,7 @@ class SidecarReader(ManifestMetadata):
         """The trained :class:`~.codecs.TokenCodec` of a compressed sidecar (faiss is loaded on first use), or
         ``None``."""
         if self._codec is None and self.manifest.compressed:
+            self._blocks.check_file(CODEC)
             parameters = np.asarray(self._array(CODEC), dtype=CODEC_PARAMETER_DTYPE)
             self._codec = codec_from_manifest(self.manifest.codec, self.dim, parameters,
                                               source=str(self.path / CODEC))
@@ -217,6 +255,7 @@ class SidecarReader(ManifestMetadata):
         codes decoded to float32."""
         row = int(self._check_rows([row])[0])
         start, end = self.offsets[row], self.offsets[row + 1]
+        self._check_tokens(np.array([start]), np.array([end - start]))
         stored = self.tokens[start:end]
         if self.manifest.compressed:
             return self.codec.decode(stored)
@@ -272,6 +311,7 @@ class SidecarReader(ManifestMetadata):
         starts = np.asarray(self.offsets[rows])
         lengths = np.asarray(self.offsets[rows + 1]) - starts
         max_len = int(lengths.max()) if len(rows) else 0
+        self._check_tokens(starts, lengths)
         if self.manifest.compressed:  # codes are decoded token-major, then transposed
             padded = self._gather_padded(starts, lengths, max_len, buffer)
             padded = torch.from_numpy(self._decode_padded(padded.numpy(), lengths))
@@ -327,6 +367,25 @@ class SidecarReader(ManifestMetadata):
             flat.index_fill_(0, torch.from_numpy(padding), 0)
         return padded
 
+    def _check_tokens(self, starts: np.ndarray, lengths: np.ndarray) -> None:
+        """Check the blocks of ``tokens.bin`` that rows ``[starts, starts + lengths)`` lie in (first read only)."""
+        width = self.bytes_per_token
+        self._blocks.check_ranges(TOKENS, starts * width, (starts + lengths) * width)
+
+    def _check_entries(self, name: str, positions: np.ndarray) -> None:
+        """Check the blocks of fixed-width table ``name`` that entries ``positions`` lie in (first read only)."""
+        width = self._layout[name][0].itemsize
+        positions = np.asarray(positions, dtype=np.int64)
+        self._blocks.check_ranges(name, positions * width, (positions + 1) * width)
+
+    def content_hashes(self) -> np.ndarray:
+        """``[num_docs]`` uint64 hash of the text each row's vectors were encoded from (see
+        :mod:`pyserini_mores.index.content`); empty when the index stored no text."""
+        if CONTENT not in self._layout:
+            return np.zeros(0, dtype=np.uint64)
+        self._blocks.check_file(CONTENT)
+        return np.asarray(self._array(CONTENT))
+
     def _torch_tokens(self) -> torch.Tensor:
         """``tokens`` as a torch tensor sharing the memmap (bfloat16 bits viewed as bfloat16; never written)."""
         import torch
@@ -358,11 +417,14 @@ class SidecarReader(ManifestMetadata):
     def docid(self, row: int) -> str:
         """The external docid of ``row``."""
         row = int(self._check_rows([row])[0])
+        self._check_entries(DOCIDS, np.array([row]))
         return bytes(self._array(DOCIDS)[row]).decode("utf-8")
 
     def docids(self, rows: Sequence[int] | np.ndarray) -> list[str]:
         """The external docids of ``rows``."""
-        stored = self._array(DOCIDS)[self._check_rows(rows)]
+        rows = self._check_rows(rows)
+        self._check_entries(DOCIDS, rows)
+        stored = self._array(DOCIDS)[rows]
         return [bytes(docid).decode("utf-8") for docid in stored]
 
     def docid_mismatches(self, rows: Sequence[int] | np.ndarray, docids: Sequence[str]) -> np.ndarray:
@@ -372,6 +434,7 @@ class SidecarReader(ManifestMetadata):
         rows = self._check_rows(rows)
         if len(rows) != len(docids):
             raise ValueError(f"{len(rows)} rows but {len(docids)} docids")
+        self._check_entries(DOCIDS, rows)
         stored = np.asarray(self._array(DOCIDS)[rows])
         return _mismatches(stored, docids)
 
@@ -391,7 +454,17 @@ class SidecarReader(ManifestMetadata):
         query = np.array([key if fit else b"" for key, fit in zip(keys, fits)], dtype=sorted_docids.dtype)
         # Same dtype on both sides, so numpy searches the memmap in place instead of casting a copy of it.
         positions = np.minimum(np.searchsorted(sorted_docids, query), self.num_docs - 1)
+        self._check_entries(DOCIDS_SORTED, positions)
         found = fits & (np.asarray(sorted_docids[positions]) == query)
+        if not found[fits].all():
+            # A damaged byte anywhere on a binary search's path can hide a docid: "not in the sidecar" is only
+            # said of a table that is intact (checked whole once, 8 + docid_width bytes per document).
+            try:
+                self._blocks.check_file(DOCIDS_SORTED)
+            except SidecarIntegrityError as error:
+                raise SidecarIntegrityError(f"{error}; {int((fits & ~found).sum())} docid(s) could not be looked "
+                                            f"up in it") from None
+        self._check_entries(DOCIDS_SORTED_ROWS, positions[found])
         rows[found] = self._array(DOCIDS_SORTED_ROWS)[positions[found]]
         return rows
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from .format import (
     MANIFEST,
+    SidecarContentMismatchError,
     SidecarCorruptError,
     SidecarMismatchError,
     SidecarNotFoundError,
@@ -54,8 +55,12 @@ class ShardedSidecarReader(ManifestMetadata):
                         "expect_dtype": expect_dtype, "expect_dim": expect_dim}
         check_directory(self.path)
         self.manifest = read_sharded_manifest(self.path)
-        check_expectations(self.manifest, self.path, model_fingerprint=expect_model_fingerprint,
-                           index=expect_index, dtype=expect_dtype, dim=expect_dim)
+        stale = None
+        try:
+            check_expectations(self.manifest, self.path, model_fingerprint=expect_model_fingerprint,
+                               index=expect_index, dtype=expect_dtype, dim=expect_dim)
+        except SidecarContentMismatchError as error:
+            stale = error
         entries = self.manifest.shards
         problems = coverage_problems([(entry.path, entry.row_start, entry.row_end) for entry in entries],
                                      self.manifest.num_docs)
@@ -64,6 +69,15 @@ class ShardedSidecarReader(ManifestMetadata):
         self.shards: list[SidecarReader] = [self._open_shard(position) for position in range(len(entries))]
         self._row_starts = np.array([entry.row_start for entry in entries], dtype=np.int64)
         self._row_ends = np.array([entry.row_end for entry in entries], dtype=np.int64)
+        if stale is not None:
+            raise self.changed_documents_error(stale, expect_index)
+
+    def content_hashes(self) -> np.ndarray:
+        """``[num_docs]`` uint64 text hash of every row (see :meth:`SidecarReader.content_hashes`)."""
+        parts = [shard.content_hashes() for shard in self.shards]
+        if any(len(part) != shard.num_docs for part, shard in zip(parts, self.shards)):
+            return np.zeros(0, dtype=np.uint64)
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
 
     def _open_shard(self, position: int) -> SidecarReader:
         entry = self.manifest.shards[position]

@@ -72,7 +72,8 @@ def sharded_build_id(parameters: Mapping[str, Any]) -> str:
 
 def shard_content_id(manifest: Manifest) -> str:
     """A hash of a shard manifest's structure and checksums (not its timestamps and timings): what assembling pinned."""
-    data = {key: value for key, value in manifest.to_dict().items() if key not in ("created", "build", "library")}
+    data = {key: value for key, value in manifest.to_dict().items()
+            if key not in ("created", "build", "library", "manifest_sha256")}
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 

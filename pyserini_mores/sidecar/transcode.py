@@ -46,7 +46,8 @@ def transcode_sidecar(source: str | os.PathLike, output: str | os.PathLike, *, c
         writer = SidecarWriter(output, dim=reader.dim, dtype=dtype, docids=reader.docids(np.arange(reader.num_docs)),
                                model=reader.model, index=reader.index, build=build, overwrite=overwrite,
                                restart=restart, codec=None if codec == "fp16" else codec,
-                               codec_options=codec_options, commit_every_docs=batch_docs)
+                               codec_options=codec_options, commit_every_docs=batch_docs,
+                               content_hashes=reader.content_hashes() if reader.index.get("content") else None)
         with tqdm(total=reader.num_docs, initial=writer.rows_done, unit="doc", desc=f"transcode {output.name}",
                   disable=not progress) as bar:
             for start in range(writer.rows_done, reader.num_docs, batch_docs):

@@ -9,12 +9,14 @@ from pathlib import Path
 import numpy as np
 
 from .format import (
+    BLOCK_CHECKSUMS,
     CHECKSUM_ALGORITHM,
     DOCIDS,
     DOCIDS_SORTED,
     DOCIDS_SORTED_ROWS,
     MANIFEST,
     OFFSETS,
+    REBUILD_ADVICE,
     Manifest,
     SidecarError,
     check_directory,
@@ -24,6 +26,7 @@ from .format import (
     short_hash,
     size_problems,
 )
+from .integrity import BlockChecker
 from .shards import coverage_problems, entry_problem, is_sharded, read_sharded_manifest
 
 logger = logging.getLogger(__name__)
@@ -49,6 +52,7 @@ def verify_sidecar(path: str | os.PathLike) -> list[str]:
     problems = size_problems(manifest, path)
     sized = {name for name in manifest.data_files
              if not any(problem.startswith(f"{name}:") for problem in problems)}
+    intact = set()  # files whose sha256 matches the manifest
     algorithm = manifest.checksum.get("algorithm")
     if algorithm != CHECKSUM_ALGORITHM:
         problems.append(f"manifest.json: unknown checksum algorithm {algorithm!r}")
@@ -59,10 +63,19 @@ def verify_sidecar(path: str | os.PathLike) -> list[str]:
             logger.info("hashing %s", path / name)
             actual = file_checksum(path / name, manifest.block_bytes)
             recorded = manifest.files[name].sha256
-            if actual != recorded:
+            if actual == recorded:
+                intact.add(name)
+            else:
                 problems.append(f"{name}: checksum mismatch: the manifest records {short_hash(recorded)} but the "
                                 f"file hashes to {short_hash(actual)} (its content changed since the build)")
     arrays = {name: _open(path, manifest, name) for name in sized}
+    # The crc32 blocks a reader checks on first read must agree with files whose sha256 does (a file whose sha256
+    # differs is reported above already).
+    if BLOCK_CHECKSUMS in arrays and BLOCK_CHECKSUMS in intact:
+        checker = BlockChecker(path, manifest, arrays.__getitem__)
+        for name in manifest.block_files:
+            if name in intact:
+                problems += checker.problems(name)
     if OFFSETS in arrays:
         problems += offset_problems(arrays[OFFSETS], manifest.num_tokens, manifest.files[OFFSETS].dtype)
     if {DOCIDS, DOCIDS_SORTED, DOCIDS_SORTED_ROWS} <= arrays.keys():
@@ -72,13 +85,14 @@ def verify_sidecar(path: str | os.PathLike) -> list[str]:
 
 def verify_against_index(path: str | os.PathLike, index, *, examples: int = 5, progress: bool = True) -> list[str]:
     """Every row whose docid in the sidecar at ``path`` differs from the docid of the same row in ``index`` (a
-    Lucene index path, prebuilt name or open searcher), and a document-count mismatch: the full check of the
-    row ↔ docid join that opening a sidecar only samples. Reads every document's docid from the index once, so it
-    takes minutes at MS MARCO scale.
+    Lucene index path, prebuilt name or open searcher), a document-count mismatch, and the documents whose text
+    changed since the build (their text hashes differ from the index's): the full check of the row ↔ docid join
+    that opening a sidecar only samples. Reads every document's docid from the index once, so it takes minutes at
+    MS MARCO scale.
     """
     from tqdm.auto import tqdm
 
-    from ..index import open_searcher
+    from ..index import index_identity, open_searcher
     from .sharded_reader import open_sidecar
 
     reader = open_sidecar(path)
@@ -94,15 +108,34 @@ def verify_against_index(path: str | os.PathLike, index, *, examples: int = 5, p
                 mismatched += 1
                 if len(found) < examples:
                     found.append(f"row {row}: the index holds '{indexed}', the sidecar '{stored}'")
+        changed = [] if mismatched else _changed_texts(reader, index_identity(searcher), path, examples)
     finally:
         if searcher is not index:
             searcher.close()
         reader.close()
     if not mismatched:
-        return []
+        return changed
     return [f"{mismatched} of {num_docs} rows hold another document in the index than in the sidecar (the index "
             f"was re-built in another order, or the sidecar belongs to another index); first: {found[0]}",
             *found[1:]]
+
+
+def _changed_texts(reader, identity, path: str | os.PathLike, examples: int) -> list[str]:
+    """The documents (count and first docids) whose text in the index differs from the text the sidecar's vectors
+    were encoded from, as one problem line; none when the sidecar or the index records no text hashes."""
+    if not reader.index.get("content") or not identity.get("content"):
+        return []
+    if reader.index["content"] == identity["content"]:
+        return []
+    stored, current = reader.content_hashes(), np.asarray(identity.content_hashes())
+    if stored.shape != current.shape:
+        return [f"the sidecar records {len(stored)} document text hashes, the index {len(current)}"]
+    changed = np.flatnonzero(stored != current)
+    shown = reader.docids(changed[:examples])
+    more = ", ..." if len(changed) > len(shown) else ""
+    return [f"{len(changed)} of {len(stored)} documents have other texts in the index than the sidecar's vectors "
+            f"were encoded from ({', '.join(shown)}{more}): they are stale; "
+            + REBUILD_ADVICE.format(path=path).replace("--index INDEX", f"--index {identity.path or 'INDEX'}")]
 
 
 def _open(path: Path, manifest: Manifest, name: str) -> np.ndarray:

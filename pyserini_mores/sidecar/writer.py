@@ -23,10 +23,13 @@ from .. import __version__
 from .._io import fsync_dir, write_json_atomic, write_text_atomic
 from .codecs import CODECS, TokenCodec, codec_from_manifest, is_compressed
 from .format import (
+    BLOCK_CHECKSUMS,
     CHECKSUM_ALGORITHM,
     CODE_DTYPE,
     CODEC,
     CODEC_PARAMETER_DTYPE,
+    CONTENT,
+    CONTENT_DTYPE,
     DEFAULT_BLOCK_BYTES,
     DOCIDS,
     DOCIDS_SORTED,
@@ -35,6 +38,8 @@ from .format import (
     INDEX_DTYPE,
     MANIFEST,
     OFFSETS,
+    READ_BLOCK_BYTES,
+    READ_CHECKSUM_ALGORITHM,
     STORAGE_DTYPES,
     TOKENS,
     BlockHasher,
@@ -48,6 +53,7 @@ from .format import (
     json_normalized,
     partial_path,
 )
+from .integrity import block_crcs
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +111,7 @@ class SidecarWriter:
                  model: Mapping[str, Any], index: Mapping[str, Any], build: Mapping[str, Any] | None = None,
                  shard: Mapping[str, Any] | None = None, overwrite: bool = False, restart: bool = False,
                  block_bytes: int = DEFAULT_BLOCK_BYTES, commit_every_docs: int = 1, codec: str | None = None,
-                 codec_options: Mapping[str, Any] | None = None):
+                 codec_options: Mapping[str, Any] | None = None, content_hashes: np.ndarray | None = None):
         self.path = Path(path)
         self.partial_path = partial_path(self.path)
         self.dim = int(dim)
@@ -140,6 +146,7 @@ class SidecarWriter:
         if len(duplicates):
             raise ValueError(f"docids must be unique: {docids_sorted[duplicates[0]].decode('utf-8')!r} "
                              f"appears more than once")
+        self._content_hashes = _check_content(content_hashes, self.index, self.num_docs, bool(self.shard))
         docid_checksum = _hash_bytes(docid_array, self.block_bytes)
         self._params = json_normalized({
             "format_version": FORMAT_VERSION, "dim": self.dim, "dtype": self.dtype, "num_docs": self.num_docs,
@@ -273,22 +280,29 @@ class SidecarWriter:
             self.update_build(build)
         self.commit()
         self._close_files()
+        if self._content_hashes is not None:
+            self._write_static(CONTENT, self._content_hashes)
         checksums = {name: (hasher.num_bytes, hasher.hexdigest()) for name, hasher in self._hashers.items()}
         checksums.update({name: (entry["bytes"], entry["sha256"]) for name, entry in self._static_files.items()})
         manifest = Manifest(
             dim=self.dim, dtype=self.dtype, num_docs=self.num_docs, num_tokens=self._num_tokens,
             docid_width=self.docid_width, files={}, model=self.model, index=self.index, build=self.build_info,
             shard=self.shard, codec=self._codec.manifest_entry() if self._codec is not None else {},
-            checksum={"algorithm": CHECKSUM_ALGORITHM, "block_bytes": self.block_bytes},
+            checksum={"algorithm": CHECKSUM_ALGORITHM, "block_bytes": self.block_bytes,
+                      "read_algorithm": READ_CHECKSUM_ALGORITHM, "read_block_bytes": READ_BLOCK_BYTES},
             created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             library={"name": "pyserini_mores", "version": __version__})
+        # The read-path block checksums are computed from the files as they are on disk, after the last write.
+        crcs = [block_crcs(self.partial_path / name, READ_BLOCK_BYTES) for name in manifest.block_files]
+        self._write_static(BLOCK_CHECKSUMS, np.concatenate(crcs) if crcs else np.zeros(0, dtype="<u4"))
+        checksums[BLOCK_CHECKSUMS] = tuple(self._static_files[BLOCK_CHECKSUMS].values())
         for name, (dtype, shape) in manifest.expected_layout().items():
             size, checksum = checksums[name]
             if size != (self.partial_path / name).stat().st_size:
                 raise SidecarCorruptError(f"{self.partial_path / name} changed size while finalizing")
             manifest.files[name] = FileEntry(bytes=size, sha256=checksum, dtype=dtype.str, shape=list(shape))
         try:
-            write_json_atomic(self.partial_path / MANIFEST, manifest.to_dict())
+            write_json_atomic(self.partial_path / MANIFEST, manifest.sealed())
         except OSError as error:
             _raise_if_disk_full(error, self.partial_path / MANIFEST, self.partial_path)
             raise
@@ -366,15 +380,19 @@ class SidecarWriter:
                            sorted_rows: np.ndarray) -> None:
         for name, array in ((DOCIDS, docid_array), (DOCIDS_SORTED, docids_sorted),
                             (DOCIDS_SORTED_ROWS, sorted_rows)):
-            try:
-                with open(self.partial_path / name, "wb") as out:
-                    out.write(_as_bytes(array))
-                    out.flush()
-                    os.fsync(out.fileno())
-            except OSError as error:
-                _raise_if_disk_full(error, self.partial_path / name, self.partial_path)
-                raise
-            self._static_files[name] = {"bytes": array.nbytes, "sha256": _hash_bytes(array, self.block_bytes)}
+            self._write_static(name, array)
+
+    def _write_static(self, name: str, array: np.ndarray) -> None:
+        """Write a file known whole at once (docid tables, content hashes, block checksums), durably."""
+        try:
+            with open(self.partial_path / name, "wb") as out:
+                out.write(_as_bytes(array))
+                out.flush()
+                os.fsync(out.fileno())
+        except OSError as error:
+            _raise_if_disk_full(error, self.partial_path / name, self.partial_path)
+            raise
+        self._static_files[name] = {"bytes": array.nbytes, "sha256": _hash_bytes(array, self.block_bytes)}
 
     def _load_state(self) -> dict[str, Any] | None:
         try:
@@ -527,6 +545,26 @@ def _make_codec(name: str | None, dim: int, options: Mapping[str, Any] | None):
             raise ValueError(f"codec options {sorted(options)} need a compressed codec, not {name or 'fp16'}")
         return None
     return TokenCodec(name, dim, **dict(options or {}))
+
+
+def _check_content(hashes: np.ndarray | None, index: Mapping[str, Any], num_docs: int,
+                   shard: bool) -> np.ndarray | None:
+    """The per-document text hashes to store (``[num_docs]`` uint64, the rows' slice for a shard), checked against
+    the index identity's ``content`` digest: given exactly when the identity has one."""
+    if not index.get("content"):
+        if hashes is not None:
+            raise ValueError("content_hashes given but the index identity has no 'content' digest")
+        return None
+    if hashes is None:
+        raise ValueError("the index identity has a 'content' digest: pass the documents' content_hashes")
+    hashes = np.ascontiguousarray(hashes, dtype=CONTENT_DTYPE)
+    if hashes.shape != (num_docs,):
+        raise ValueError(f"content_hashes has shape {hashes.shape}, expected ({num_docs},)")
+    from ..index.content import content_digest
+
+    if not shard and content_digest(hashes) != index["content"]:
+        raise ValueError("content_hashes do not hash to the index identity's 'content' digest")
+    return hashes
 
 
 def _check_model(model: Mapping[str, Any]) -> dict[str, Any]:

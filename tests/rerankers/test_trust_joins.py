@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from sidecar_forge import reseal
 
 from pyserini_mores import Query, Text, get_reranker
 from pyserini_mores.rerankers.learned import ModelReranker
@@ -215,6 +216,7 @@ def test_the_build_records_precision_and_device_and_info_shows_them(maxsim_sidec
     data = json.loads((old / "manifest.json").read_text())
     del data["build"]["precision"], data["build"]["device"]  # a build from before they were recorded
     (old / "manifest.json").write_text(json.dumps(data))
+    reseal(old)
     assert read_manifest(old).build_precision is None and read_manifest(old).build_device is None
     assert sidecar_main(["info", str(old)]) == 0
     assert "encoded     precision unknown, device unknown (not recorded by the build)" in capsys.readouterr().out

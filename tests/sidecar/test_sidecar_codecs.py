@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from sidecar_forge import reseal
 
 from pyserini_mores.sidecar import (
     SidecarCorruptError,
@@ -230,6 +231,7 @@ def test_expectations_and_manifest_checks_still_refuse_mismatches(tmp_path):
                                                         "bytes": sum(LENGTHS) * 4, "shape": [sum(LENGTHS), 4]}}}))
     with open(path / "tokens.bin", "r+b") as stream:
         stream.truncate(sum(LENGTHS) * 4)
+    reseal(path)  # as a writer would have sealed it: the manifest checksum alone would refuse the edit
     with pytest.raises(SidecarCorruptError, match="makes 8-byte codes, the manifest records 4"):
         open_sidecar(path).get_batch([0])
 

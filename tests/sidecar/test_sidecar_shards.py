@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from sidecar_forge import reseal
 
 from pyserini_mores._jvm import JVM_FAULT_SIGNALS
 from pyserini_mores.sidecar import (
@@ -195,6 +196,7 @@ def test_assemble_refuses_a_shard_given_twice_and_overlapping_rows(shards, tmp_p
     manifest = json.loads((impostor / "manifest.json").read_text())
     manifest["shard"]["index"] = 2
     (impostor / "manifest.json").write_text(json.dumps(manifest))
+    reseal(impostor)
     with pytest.raises(SidecarMismatchError) as error:
         assemble_shards(tmp_path / "overlap", [shards[0], shards[1], impostor])
     assert "overlaps" in str(error.value) and "rows [14, 20) are in no shard" in str(error.value)
@@ -284,6 +286,7 @@ def test_reader_refuses_a_shard_of_another_build_a_changed_or_missing_shard(tiny
     manifest = json.loads((copies[1] / "manifest.json").read_text())
     manifest["files"]["tokens.bin"]["sha256"] = "0" * 64
     (copies[1] / "manifest.json").write_text(json.dumps(manifest))
+    reseal(copies[1])
     with pytest.raises(SidecarMismatchError, match="changed since the shards were assembled"):
         open_sidecar(output)
 

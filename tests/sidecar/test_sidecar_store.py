@@ -26,7 +26,7 @@ from pyserini_mores.sidecar import (
     verify_sidecar,
 )
 from pyserini_mores.sidecar.__main__ import main
-from pyserini_mores.sidecar.format import DATA_FILES, file_checksum
+from pyserini_mores.sidecar.format import DATA_FILES, FORMAT_VERSION, file_checksum
 
 DIM = 6
 FINGERPRINT = "0123456789abcdef" * 4
@@ -327,8 +327,8 @@ def test_refuses_a_missing_directory_and_another_format_version(tmp_path, sideca
     manifest = json.loads((sidecar / "manifest.json").read_text())
     manifest["format_version"] = 99
     (sidecar / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(SidecarMismatchError, match="format_version is 99, this pyserini_mores reads version 1; "
-                                                   "upgrade"):
+    with pytest.raises(SidecarMismatchError,
+                       match=f"format_version is 99, this pyserini_mores reads version {FORMAT_VERSION}; upgrade"):
         SidecarReader(sidecar)
 
 

@@ -1,0 +1,200 @@
+"""What the store refuses before a stored byte reaches a score: vectors of texts the index no longer holds, damaged
+bytes (block checksums), an edited or absurd manifest; and what the indexer says about documents it left out."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pyserini_mores.index.__main__ import main as index_main
+from pyserini_mores.search.__main__ import main as search_main
+from pyserini_mores.sidecar import SidecarReader, SidecarWriter
+from pyserini_mores.sidecar.__main__ import main as sidecar_main
+
+RESOURCES = Path(__file__).resolve().parents[1] / "resources"
+DOCUMENTS = [json.loads(line) for line in (RESOURCES / "tiny_collection.jsonl").read_text().splitlines()]
+
+
+def _write_collection(path: Path, texts: dict[str, str] | None = None) -> Path:
+    """The tiny collection as MS MARCO TSV, with ``texts`` replacing some documents' text."""
+    texts = texts or {}
+    path.write_text("".join(f"{doc['id']}\t{texts.get(doc['id'], doc['contents'])}\n" for doc in DOCUMENTS))
+    return path
+
+
+def _build_sidecar(index: Path, model_dir: Path, output: Path) -> Path:
+    from pyserini_mores import get_reranker
+    from pyserini_mores.index import open_searcher
+    from pyserini_mores.sidecar.build import build_sidecar
+
+    reranker = get_reranker("maxsim", model=model_dir)
+    searcher = open_searcher(index)
+    try:
+        return build_sidecar(searcher, reranker.model, output, reranker_name="maxsim", dtype="float16",
+                             batch_size=4, progress=False)
+    finally:
+        searcher.close()
+
+
+@pytest.fixture(scope="module")
+def indexed(tmp_path_factory, tiny_maxsim_dir) -> tuple[Path, Path]:
+    """(index, sidecar): the tiny collection indexed by the package's indexer and a MaxSim sidecar of it."""
+    root = tmp_path_factory.mktemp("trust")
+    assert index_main(["--collection", str(_write_collection(root / "docs.tsv")), "--index",
+                       str(root / "index")]) == 0
+    return root / "index", _build_sidecar(root / "index", tiny_maxsim_dir, root / "sidecar")
+
+
+def _search(index: Path, model_dir: Path, sidecar: Path, tmp_path: Path, *extra: str) -> int:
+    """Rerank every document for one query from a run (so every row of the sidecar is read)."""
+    topics = tmp_path / "topics.tsv"
+    topics.write_text("q1\tpackage manager\n")
+    run = tmp_path / "run.trec"
+    run.write_text("".join(f"q1 Q0 {doc['id']} {rank + 1} {100 - rank} bm25\n" for rank, doc in enumerate(DOCUMENTS)))
+    return search_main(["--index", str(index), "--topics", str(topics), "--run", str(run), "--reranker", "maxsim",
+                        "--model", str(model_dir), "--sidecar", str(sidecar), "--rerank-depth", "20",
+                        "--output", str(tmp_path / "out.trec"), *extra])
+
+
+def _one_error_line(err: str) -> str:
+    """The one ``error:`` line of ``err`` (a progress bar may share its terminal line), and no traceback."""
+    assert err.count("error: ") == 1 and "Traceback" not in err, err
+    return "error: " + err.split("error: ", 1)[1].split("\n", 1)[0]
+
+
+def _flip(file: Path, position: int) -> None:
+    data = bytearray(file.read_bytes())
+    data[position] ^= 0x01
+    file.write_bytes(bytes(data))
+
+
+# ---- stale vectors: the index identity covers every document's text -------------------------------------------
+def test_a_reindex_with_changed_text_is_refused_naming_the_document(tmp_path, tiny_maxsim_dir, capsys):
+    index, sidecar = tmp_path / "index", tmp_path / "sidecar"
+    assert index_main(["--collection", str(_write_collection(tmp_path / "a.tsv")), "--index", str(index)]) == 0
+    _build_sidecar(index, tiny_maxsim_dir, sidecar)
+    assert _search(index, tiny_maxsim_dir, sidecar, tmp_path) == 0
+    # The same docids in the same order, one text edited: docids and row order alone cannot tell.
+    shutil.rmtree(index)
+    edited = {"d07": "an edited text about package managers"}
+    assert index_main(["--collection", str(_write_collection(tmp_path / "b.tsv", edited)), "--index",
+                       str(index)]) == 0
+    capsys.readouterr()
+
+    assert _search(index, tiny_maxsim_dir, sidecar, tmp_path) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "1 of 20 documents changed (d07)" in line and "stale" in line
+    assert f"python -m pyserini_mores.sidecar build --index {index.resolve()} --reranker maxsim" in line
+    assert f"--output {sidecar} --overwrite" in line
+
+    assert sidecar_main(["verify", str(sidecar), "--index", str(index)]) == 1
+    out = capsys.readouterr().out
+    assert "1 of 20 documents have other texts in the index than the sidecar's vectors were encoded from (d07)" in out
+
+
+# ---- damaged bytes never reach a score -------------------------------------------------------------------------
+@pytest.mark.parametrize("name, position", [
+    ("tokens.bin", 64 * 10 + 1),  # a byte inside the first document's vectors
+    ("offsets.bin", 8 * 5),  # the low byte of a document boundary
+    ("docids_sorted.bin", 3 * 3 + 2),  # the last character of a docid ("d04" -> "d05"?): it cannot be looked up
+])
+def test_a_flipped_byte_is_refused_with_one_line_naming_the_file(indexed, tiny_maxsim_dir, tmp_path, capsys, name,
+                                                                  position):
+    index, sidecar = indexed
+    copy = tmp_path / "copy"
+    shutil.copytree(sidecar, copy)
+    _flip(copy / name, position)
+    assert _search(index, tiny_maxsim_dir, copy, tmp_path, "--skip-unknown-docids") == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert f"{copy / name} bytes [0, " in line and "do not match their checksum" in line
+    assert "not in the index" not in line
+    assert sidecar_main(["verify", str(copy)]) == 1
+    assert f"{name}: checksum mismatch" in capsys.readouterr().out
+
+
+def test_an_edited_dtype_is_refused_by_search_verify_and_info(indexed, tiny_maxsim_dir, tmp_path, capsys):
+    index, sidecar = indexed
+    copy = tmp_path / "copy"
+    shutil.copytree(sidecar, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    assert manifest["dtype"] == "float16"
+    manifest["dtype"] = "bfloat16"  # the same bytes per value: every size still matches
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    assert _search(index, tiny_maxsim_dir, copy, tmp_path) == 2
+    assert "manifest's checksum (manifest_sha256) does not match" in _one_error_line(capsys.readouterr().err)
+    assert sidecar_main(["verify", str(copy)]) == 1
+    assert "manifest_sha256" in _one_error_line(capsys.readouterr().err)
+    assert sidecar_main(["info", str(copy)]) == 2
+    assert "manifest_sha256" in _one_error_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("num_docs", 10 ** 20, "field 'num_docs' is 100000000000000000000, outside [0, 1099511627776]"),
+    ("docid_width", 10 ** 12, "field 'docid_width' is 1000000000000, outside [1, 4096]"),
+    ("num_tokens", -1, "field 'num_tokens' is -1, outside"),
+    ("dim", True, "field 'dim' is missing or not an integer"),
+    ("checksum", {"algorithm": "sha256-blocks", "block_bytes": "67108864"},
+     "field 'checksum.block_bytes' is '67108864', not an integer"),
+])
+def test_absurd_manifest_values_are_one_error_line(indexed, tiny_maxsim_dir, tmp_path, capsys, field, value,
+                                                   message):
+    index, sidecar = indexed
+    copy = tmp_path / "copy"
+    shutil.copytree(sidecar, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest[field] = value
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    assert sidecar_main(["verify", str(copy)]) == 1
+    assert message in _one_error_line(capsys.readouterr().err)
+    assert sidecar_main(["info", str(copy)]) == 2
+    assert message in _one_error_line(capsys.readouterr().err)
+    assert _search(index, tiny_maxsim_dir, copy, tmp_path) == 2
+    assert message in _one_error_line(capsys.readouterr().err)
+
+
+def test_blocks_are_checked_on_first_read_and_remembered(tmp_path):
+    from pyserini_mores.sidecar import SidecarIntegrityError
+
+    docids = [f"doc{i}" for i in range(64)]
+    rng = np.random.default_rng(0)
+    docs = [rng.standard_normal((100, 64)).astype(np.float32) for _ in docids]  # 12.8 KB per document
+    with SidecarWriter(tmp_path / "s", dim=64, docids=docids, model={"model_type": "t", "store_variant": "v",
+                                                                      "fingerprint": "f" * 64},
+                       index={"num_docs": 64}) as writer:
+        writer.add(docs)
+    path = tmp_path / "s"
+    _flip(path / "tokens.bin", 40 * 12800 + 7)  # inside document 40
+    reader = SidecarReader(path)
+    assert np.array_equal(reader.get(3), docs[3].astype(np.float16))
+    reader.get_batch([0, 1, 2, 63])  # blocks far from the damage are served
+    with pytest.raises(SidecarIntegrityError, match=r"tokens.bin bytes \[507904, 524288\) do not match"):
+        reader.get_batch([1, 40])
+    with pytest.raises(SidecarIntegrityError):  # a failed block is not remembered as good
+        reader.get(40)
+    # Damage after a block was checked in this process is not looked for again (one check per block per process).
+    _flip(path / "tokens.bin", 3 * 12800 + 5)
+    reader.get(3)
+    with pytest.raises(SidecarIntegrityError):
+        SidecarReader(path).get(3)
+
+
+# ---- the indexer reports what it does not index ------------------------------------------------------------------
+def test_the_indexer_reports_blank_documents_and_strict_refuses(tmp_path, capsys):
+    collection = _write_collection(tmp_path / "docs.tsv", {"d03": "", "d11": "   "})
+    assert index_main(["--collection", str(collection), "--index", str(tmp_path / "strict"), "--strict"]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "2 document(s)" in line and "(d03, d11)" in line and "nothing was written" in line
+    assert not (tmp_path / "strict").exists() and not (tmp_path / "strict.partial").exists()
+
+    assert index_main(["--collection", str(collection), "--index", str(tmp_path / "index")]) == 0
+    captured = capsys.readouterr()
+    assert f"indexed 18 documents into {tmp_path / 'index'}" in captured.out
+    assert "not indexed: 2 document(s) with empty or whitespace-only text: d03, d11" in captured.err
+    from pyserini_mores.index import open_searcher
+
+    searcher = open_searcher(tmp_path / "index")
+    assert searcher.num_docs == 18
+    searcher.close()
