@@ -79,14 +79,14 @@ class BlockChecker:
         if len(pending):
             self._check_blocks(name, np.unique(pending))
 
-    def check_file(self, name: str) -> None:
-        """Check every block of file ``name`` not yet checked."""
+    def check_file(self, name: str, array: np.ndarray | None = None) -> None:
+        """Check every block of file ``name`` not yet checked (read from ``array``, its mapping, when given)."""
         verified = self._verified[name]
         if not verified.all():
-            self._check_blocks(name, np.flatnonzero(~verified))
+            self._check_blocks(name, np.flatnonzero(~verified), array)
 
-    def _check_blocks(self, name: str, blocks: np.ndarray) -> None:
-        raw = self._array(name).reshape(-1).view(np.uint8)
+    def _check_blocks(self, name: str, blocks: np.ndarray, array: np.ndarray | None = None) -> None:
+        raw = (self._array(name) if array is None else array).reshape(-1).view(np.uint8)
         first = self._ranges[name][0]
         expected = self._array(BLOCK_CHECKSUMS)
         size = self._sizes[name]

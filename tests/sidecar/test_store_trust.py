@@ -155,6 +155,20 @@ def test_absurd_manifest_values_are_one_error_line(indexed, tiny_maxsim_dir, tmp
     assert message in _one_error_line(capsys.readouterr().err)
 
 
+def test_a_format_1_sidecar_is_refused_with_the_rebuild_command(indexed, tmp_path):
+    from pyserini_mores.sidecar import SidecarMismatchError
+
+    copy = tmp_path / "copy"
+    shutil.copytree(indexed[1], copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["format_version"] = 1
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(SidecarMismatchError, match=r"format_version is 1, .* reads version 2; it has no block "
+                                                   r"checksums.*rebuild it with this version \(`python -m "
+                                                   r"pyserini_mores.sidecar build \.\.\. --overwrite`\)"):
+        SidecarReader(copy)
+
+
 def test_blocks_are_checked_on_first_read_and_remembered(tmp_path):
     from pyserini_mores.sidecar import SidecarIntegrityError
 
