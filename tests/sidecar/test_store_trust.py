@@ -212,3 +212,23 @@ def test_the_indexer_reports_blank_documents_and_strict_refuses(tmp_path, capsys
     searcher = open_searcher(tmp_path / "index")
     assert searcher.num_docs == 18
     searcher.close()
+
+
+def test_a_docid_hidden_by_damage_elsewhere_in_the_sorted_table_is_damage_not_unknown(tmp_path):
+    from pyserini_mores.sidecar import SidecarIntegrityError
+
+    docids = [f"d{row:07d}" for row in range(4095)]  # 8 bytes each: docids_sorted.bin spans two 16 KiB blocks
+    with SidecarWriter(tmp_path / "s", dim=4, docids=docids, model={"model_type": "t", "store_variant": "v",
+                                                                     "fingerprint": "f" * 64},
+                       index={"num_docs": len(docids)}) as writer:
+        writer.add([np.ones((1, 4), np.float32)] * len(docids))
+    path = tmp_path / "s"
+    assert SidecarReader(path).rows_for_docids(["d0000100", "x"]).tolist() == [100, -1]
+    # The binary search's first pivot (entry 2047, the last of block 0) now sorts before every docid: the search for
+    # an entry of block 0 turns right and ends at entry 2048, in block 1, which is intact, without finding it.
+    data = bytearray((path / "docids_sorted.bin").read_bytes())
+    data[2047 * 8] = ord("c")
+    (path / "docids_sorted.bin").write_bytes(bytes(data))
+    with pytest.raises(SidecarIntegrityError, match=r"docids_sorted.bin bytes \[0, 16384\) do not match their "
+                                                    r"checksum.*; 1 docid\(s\) could not be looked up in it"):
+        SidecarReader(path).rows_for_docids(["d0000100"])
