@@ -64,7 +64,7 @@ def measure(key: str, args: argparse.Namespace, scratch: Path) -> dict:
             integrity.BlockChecker.check_ranges, integrity.BlockChecker.check_file = checked
         else:
             integrity.BlockChecker.check_ranges = lambda self, name, starts, ends: None
-            integrity.BlockChecker.check_file = lambda self, name: None
+            integrity.BlockChecker.check_file = lambda self, name, array=None: None
         try:
             reader = open_sidecar(path, **expect)
             reranker = ModelReranker(model, reader, batch_size=args.batch_size, precision=args.precision)
