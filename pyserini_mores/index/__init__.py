@@ -181,14 +181,15 @@ class IndexIdentity(dict):
     content_hashes = None
 
 
-def index_identity(searcher) -> IndexIdentity:
+def index_identity(searcher, *, content: bool = True) -> IndexIdentity:
     """What a sidecar is bound to: the document count, a hash of the docids at evenly spaced rows, and the digest of
     every document's text hash (``content``; :mod:`.content`), when the index stores text.
 
     The docid signature costs at most :data:`IDENTITY_SAMPLES` stored-field reads; the content digest is read from
     its cache beside the index (computed once per index build, reading every document: see :func:`index_content`).
     Stable across machines and copies of the same index; a rebuilt index whose row order or texts changed gets
-    another identity.
+    another identity. ``content=False`` leaves the content digest out (for identities that never bind vectors to
+    texts, such as a search's resume identity: no first-use pass over an uncached index's texts).
     """
     num_docs = int(searcher.num_docs)
     step = max(1, num_docs // IDENTITY_SAMPLES)
@@ -197,10 +198,10 @@ def index_identity(searcher) -> IndexIdentity:
     for row in rows:
         digest.update(f"{row}:{searcher.doc(row).docid()}\n".encode())
     identity = IndexIdentity(num_docs=num_docs, signature=digest.hexdigest())
-    content = index_content(searcher)
-    if content is not None:
-        identity["content"] = content.digest
-        identity.content_hashes = content.load
+    hashes = index_content(searcher) if content else None
+    if hashes is not None:
+        identity["content"] = hashes.digest
+        identity.content_hashes = hashes.load
     identity.path = getattr(searcher, "index_dir", None)
     return identity
 

@@ -159,7 +159,8 @@ def search_identity(args: argparse.Namespace, searcher, inputs: SearchInputs) ->
     and the candidates of ``--run``."""
     identity = {"arguments": {name: value for name, value in vars(args).items() if name not in RESULT_FREE_ARGUMENTS},
                 "topics": hashlib.sha256(json.dumps(list(inputs.topics.items())).encode()).hexdigest(),
-                "index": index_identity(searcher.searcher), "reranker": describe_reranker(searcher.reranker),
+                "index": index_identity(searcher.searcher, content=False),
+                "reranker": describe_reranker(searcher.reranker),
                 # with qrels the partial search keeps the first stage's hits too, to evaluate them on every query
                 "evaluated (qrels)": inputs.qrels is not None}
     fingerprint = getattr(getattr(searcher.reranker, "model", None), "fingerprint", None)

@@ -228,7 +228,7 @@ def calibration_key(searcher) -> dict[str, Any]:
         "batch_size": getattr(reranker, "batch_size", None),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
-        "index": index_identity(searcher.searcher)["signature"][:16],
+        "index": index_identity(searcher.searcher, content=False)["signature"][:16],
         "machine": machine_identity(),
     }
 
