@@ -17,7 +17,7 @@ from typing import Any
 from .._cli import define_model_args, parse_model_args, run_parsed
 from ..precision import resolve_device
 from .assemble import assemble_shards
-from .codecs import CODECS
+from .codecs import CODECS, codec_options
 from .format import (
     MANIFEST,
     TOKENS,
@@ -62,11 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
     transcode.add_argument("--output", required=True, help="directory of the new sidecar")
     transcode.add_argument("--codec", choices=CODECS, default="fp16",
                            help="fp16 stores vectors in --dtype; sq8/sq6/sq4 (faiss scalar quantisers, bits per "
-                                "value) and pq (product quantisation) are trained on the first tokens")
+                                "value), pq (product quantisation) and residual (centroid + quantised residual) "
+                                "are trained on the first tokens")
     transcode.add_argument("--dtype", choices=["float16", "float32", "bfloat16"], default="float16",
                            help="storage dtype with --codec fp16")
-    transcode.add_argument("--pq-subquantizers", type=int, metavar="M",
-                           help="--codec pq: sub-quantisers per vector = bytes per token (must divide the width)")
+    define_codec_option_args(transcode)
     transcode.add_argument("--overwrite", action="store_true", help="replace an existing sidecar at --output")
     transcode.add_argument("--restart", action="store_true",
                            help="discard an interrupted transcode instead of resuming it")
@@ -82,13 +82,12 @@ def define_build_args(parser: argparse.ArgumentParser) -> None:
                         help="collection file (MS MARCO TSV or JSONL) for indexes that store no text")
     parser.add_argument("--batch-size", type=int, default=64, help="documents encoded per batch")
     parser.add_argument("--dtype", choices=["float16", "float32", "bfloat16"], default="float16")
-    parser.add_argument("--codec", choices=["fp16", "sq8", "sq6", "sq4", "pq"], default="fp16",
+    parser.add_argument("--codec", choices=CODECS, default="fp16",
                         help="token vector codec: fp16 stores vectors in --dtype; sq8/sq6/sq4 (faiss scalar "
-                             "quantisers, 8/6/4 bits per value) and pq (faiss product quantisation, 1 byte per "
-                             "sub-quantiser) are trained on the first documents and decoded at read time")
-    parser.add_argument("--pq-subquantizers", type=int, default=None, metavar="M",
-                        help="--codec pq: sub-quantisers per vector = bytes per token (must divide the store "
-                             "width; default: width / 4)")
+                             "quantisers, 8/6/4 bits per value), pq (faiss product quantisation, 1 byte per "
+                             "sub-quantiser) and residual (a k-means centroid id + 1-8 bits per kept dimension) are "
+                             "trained on the first documents and decoded at read time")
+    define_codec_option_args(parser)
     parser.add_argument("--max-length", type=int, default=None, help="document length cap in tokens")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing sidecar")
     parser.add_argument("--restart", action="store_true", help="discard an interrupted build instead of resuming")
@@ -109,6 +108,31 @@ def define_build_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--cpus-per-task", type=float, default=1.0, help="Ray: CPUs reserved by each shard task")
     group.add_argument("--gpus-per-task", type=float, default=None,
                        help="Ray: GPUs reserved by each shard task (default: 1 with --device cuda, else 0)")
+
+
+def define_codec_option_args(parser: argparse.ArgumentParser) -> None:
+    """The codecs' settings, shared by ``build`` and ``transcode``."""
+    parser.add_argument("--pq-subquantizers", type=int, default=None, metavar="M",
+                        help="--codec pq: sub-quantisers per vector = bytes per token (must divide the store "
+                             "width; default: width / 4)")
+    parser.add_argument("--nbits", type=int, default=None, metavar="B",
+                        help="--codec residual: bits per kept dimension's residual, 1, 2, 4 or 8 (default 1)")
+    parser.add_argument("--num-centroids", type=int, default=None, metavar="C",
+                        help="--codec residual: k-means centroids, 2..65536 (default 4096; ids take 1 byte up to "
+                             "256, else 2); the training sample must hold at least C tokens")
+    parser.add_argument("--residual-dims", type=int, default=None, metavar="R",
+                        help="--codec residual: dimensions whose residual is stored, those that vary most "
+                             "(default: as many as make a code width / 8 bytes)")
+
+
+def _codec_options(args: argparse.Namespace, *, check_pq: bool = True) -> dict[str, int] | None:
+    """The codec settings of the command line, checked (``ValueError`` naming the flag); with ``check_pq`` false
+    ``--pq-subquantizers`` is passed on as given, for the codec to check."""
+    options = codec_options(args.codec, pq_subquantizers=args.pq_subquantizers if check_pq else None,
+                            nbits=args.nbits, num_centroids=args.num_centroids, residual_dims=args.residual_dims)
+    if not check_pq and args.pq_subquantizers is not None:
+        options = {**(options or {}), "pq_subquantizers": args.pq_subquantizers}
+    return options
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -137,10 +161,11 @@ def _build(args: argparse.Namespace) -> int:
     except ImportError as error:
         print(f"error: the build command is unavailable: {error}", file=sys.stderr)
         return 2
+    codec_settings = _codec_options(args, check_pq=False)  # a bad setting: exit 2 before the model loads
     try:
         options = BuildOptions(
             index=args.index, reranker=args.reranker or "", output=args.output, collection=args.collection,
-            batch_size=args.batch_size, dtype=args.dtype, codec=args.codec, pq_subquantizers=args.pq_subquantizers,
+            batch_size=args.batch_size, dtype=args.dtype, codec=args.codec, codec_options=codec_settings,
             precision=args.precision, device=args.device, overwrite=args.overwrite, restart=args.restart,
             shards=args.shards, shard=args.shard, engine=args.engine, address=args.address,
             max_retries=args.max_retries, cpus_per_task=args.cpus_per_task, gpus_per_task=args.gpus_per_task)
@@ -233,9 +258,7 @@ def _info_sharded(args: argparse.Namespace) -> int:
 
 
 def _transcode(args: argparse.Namespace) -> int:
-    options = {"pq_subquantizers": args.pq_subquantizers} if args.pq_subquantizers else None
-    if options and args.codec != "pq":
-        raise ValueError(f"--pq-subquantizers applies to --codec pq, not {args.codec}")
+    options = _codec_options(args)
     path = transcode_sidecar(args.source, args.output, codec=args.codec, dtype=args.dtype, codec_options=options,
                              overwrite=args.overwrite, restart=args.restart)
     print(f"sidecar written to {path}")

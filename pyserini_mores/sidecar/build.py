@@ -27,6 +27,7 @@ from ..index import index_docids, index_identity, iter_index_documents, open_sea
 from ..models import RankingModel, load_model
 from ..precision import resolve_device, resolve_precision
 from .assemble import assemble_shards
+from .codecs import CODECS
 from .format import MANIFEST, SidecarExistsError, SidecarMismatchError, default_sidecar_path
 from .ray_engine import build_shards_on_ray
 from .shards import ShardPlan, is_sharded, shard_dirname, shard_is_complete, shard_rows, sharded_build_id
@@ -75,8 +76,9 @@ class BuildOptions:
         collection: a collection file (MS MARCO TSV or JSONL) for indexes that store no text.
         batch_size: documents encoded per batch.
         dtype: storage dtype of the vectors under the ``fp16`` codec.
-        codec: ``fp16``, or a compressed codec (``sq8``, ``sq6``, ``sq4``, ``pq``; see :mod:`.codecs`).
-        pq_subquantizers: sub-quantisers per vector of the ``pq`` codec.
+        codec: ``fp16``, or a compressed codec (``sq8``, ``sq6``, ``sq4``, ``pq``, ``residual``; see :mod:`.codecs`).
+        codec_options: the codec's settings (``pq_subquantizers``; ``nbits``, ``num_centroids``, ``residual_dims``),
+            checked when the codec is made (the command line checks them first with :func:`.codecs.codec_options`).
         precision: ``fp32``, ``bf16`` autocast while encoding, or ``auto`` (bf16 where the device runs it natively).
         device: where documents are encoded: ``auto`` (CUDA when ``torch.cuda.is_available()``, else the CPU),
             ``cpu``, ``cuda`` or ``cuda:N``. Resolved by each process that encodes (a Ray task on its own node).
@@ -100,7 +102,7 @@ class BuildOptions:
     batch_size: int = 64
     dtype: str = "float16"
     codec: str = "fp16"
-    pq_subquantizers: int | None = None
+    codec_options: Mapping[str, int] | None = None
     precision: str = "fp32"
     device: str = "auto"
     overwrite: bool = False
@@ -114,6 +116,8 @@ class BuildOptions:
     gpus_per_task: float | None = None
 
     def __post_init__(self) -> None:
+        if self.codec not in CODECS:
+            raise ValueError(f"--codec must be one of {', '.join(CODECS)}, not {self.codec}")
         if self.engine not in ENGINES:
             raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, not {self.engine}")
         if self.shards is not None and self.shards < 1:
@@ -183,9 +187,9 @@ def _build_inputs(options: BuildOptions, model: RankingModel, progress: bool = T
     searcher = open_searcher(resolved)
     try:
         texts = collection_texts(options.collection, searcher) if options.collection else None
-        codec_options = {"pq_subquantizers": options.pq_subquantizers} if options.pq_subquantizers else None
         settings = dict(reranker_name=options.reranker, batch_size=options.batch_size, dtype=options.dtype,
-                        codec=options.codec, codec_options=codec_options, precision=options.precision, texts=texts,
+                        codec=options.codec, codec_options=dict(options.codec_options or {}) or None,
+                        precision=options.precision, texts=texts,
                         overwrite=options.overwrite, restart=options.restart,
                         source=str(resolved.prebuilt_name or resolved.path), progress=progress)
         yield _BuildInputs(model, searcher, output, settings)

@@ -1,12 +1,14 @@
-"""Compressed token codecs for the sidecar, from faiss: scalar quantisers (8, 6 or 4 bits per value) and product
-quantisation (M sub-quantisers of 256 centroids, one byte each), trained on the first token vectors a build writes
+"""Compressed token codecs for the sidecar: faiss's scalar quantisers (8, 6 or 4 bits per value) and product
+quantisation (M sub-quantisers of 256 centroids, one byte each), and the ColBERTv2-style residual codec of
+:mod:`.residual` (a centroid id plus 1-8 bits per kept dimension), trained on the first token vectors a build writes
 and decoded in batches at read time.
 
 A compressed sidecar stores ``tokens.bin`` as uint8 codes ``[num_tokens, code_size]``; its manifest ``dtype`` is the
 codec name, so a reader that predates codecs refuses it instead of misreading bytes, and ``codec`` records the codec
 and its settings. The trained parameters go to ``codec.bin`` as flat little-endian float32, checksummed like every
 data file: for the scalar quantisers faiss's per-dimension minimum and range (``[2, dim]``), for PQ the centroids
-(``[M, 256, dim / M]``). ``fp16`` is the identity: the uncompressed store of before (``--dtype``, float16 by default).
+(``[M, 256, dim / M]``), for ``residual`` its centroids, kept dimensions, bucket cutoffs and weights (see
+:mod:`.residual`). ``fp16`` is the identity: the uncompressed store of before (``--dtype``, float16 by default).
 
 Needs numpy only until a codec is built: faiss is imported then (``sidecar info`` stays light).
 """
@@ -19,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from .format import CODE_DTYPE, CODEC_DTYPES, CODEC_PARAMETER_DTYPE, SidecarCorruptError
+from .residual import DEFAULT_NUM_CENTROIDS, ResidualQuantizer
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +35,8 @@ PQ_POINTS_PER_CENTROID = 39  # below this many training points per centroid k-me
 # DEFAULT_SAMPLE_TOKENS). PQ's k-means wants >= 39 x 256 points per sub-quantiser; faiss subsamples to 256 x 256.
 DEFAULT_SAMPLE_TOKENS = 65536
 DEFAULT_SAMPLE_BYTES = 128 * 1024 * 1024
+RESIDUAL = "residual"
+RESIDUAL_OPTIONS = ("nbits", "num_centroids", "residual_dims")
 
 
 def is_compressed(name: str | None) -> bool:
@@ -52,9 +57,12 @@ class TokenCodec:
     """One trained (or trainable) codec of ``dim``-wide token vectors.
 
     Args:
-        name: ``sq8``, ``sq6``, ``sq4`` or ``pq``.
+        name: ``sq8``, ``sq6``, ``sq4``, ``pq`` or ``residual``.
         dim: vector width.
         pq_subquantizers: PQ's ``M`` (must divide ``dim``; default :func:`default_pq_subquantizers`).
+        nbits, num_centroids, residual_dims: the ``residual`` codec's settings (see
+            :class:`.residual.ResidualQuantizer`; by default 1 bit, 4,096 centroids, and the kept dimensions that
+            make a code ``dim / 8`` bytes).
         sample_tokens: how many of the first token vectors train it (default: :data:`DEFAULT_SAMPLE_TOKENS`, capped
             at :data:`DEFAULT_SAMPLE_BYTES` of float32).
 
@@ -66,7 +74,8 @@ class TokenCodec:
         approx = codec.decode(codes)                   # [m, 128] float32
     """
 
-    def __init__(self, name: str, dim: int, *, pq_subquantizers: int | None = None, sample_tokens: int | None = None):
+    def __init__(self, name: str, dim: int, *, pq_subquantizers: int | None = None, sample_tokens: int | None = None,
+                 nbits: int | None = None, num_centroids: int | None = None, residual_dims: int | None = None):
         if name not in CODEC_DTYPES:
             raise ValueError(f"unknown codec {name!r}; known: {', '.join(CODECS)}")
         if dim <= 0:
@@ -81,27 +90,50 @@ class TokenCodec:
             raise ValueError(f"pq_subquantizers applies to the pq codec, not {name}")
         else:
             self.pq_subquantizers = None
+        residual_options = {"nbits": nbits, "num_centroids": num_centroids, "residual_dims": residual_dims}
+        self._residual: ResidualQuantizer | None = None
+        if name == RESIDUAL:
+            self._residual = ResidualQuantizer(
+                self.dim, nbits=1 if nbits is None else int(nbits),
+                num_centroids=DEFAULT_NUM_CENTROIDS if num_centroids is None else int(num_centroids),
+                residual_dims=residual_dims)
+        elif any(value is not None for value in residual_options.values()):
+            given = sorted(key for key, value in residual_options.items() if value is not None)
+            raise ValueError(f"{', '.join(given)} apply to the residual codec, not {name}")
         budget = max(1, DEFAULT_SAMPLE_BYTES // (4 * self.dim))
         self.sample_tokens = int(sample_tokens) if sample_tokens else min(DEFAULT_SAMPLE_TOKENS, budget)
         if self.sample_tokens <= 0:
             raise ValueError(f"sample_tokens must be positive, not {sample_tokens}")
         self.trained_on = 0
-        self._index = self._new_index()
+        self._index = self._new_index() if self._residual is None else None
 
     # ---- what it is ------------------------------------------------------------------------------------------------
     @property
     def code_size(self) -> int:
         """Bytes per stored token vector."""
+        if self._residual is not None:
+            return self._residual.code_size
         return int(self._index.sa_code_size())
 
     @property
     def trained(self) -> bool:
+        if self._residual is not None:
+            return self._residual.trained
         return bool(self._index.is_trained)
 
     @property
     def min_training_tokens(self) -> int:
         """k-means needs at least one point per centroid; a scalar quantiser, one vector."""
+        if self._residual is not None:
+            return self._residual.num_centroids
         return 2 ** PQ_BITS if self.name == "pq" else 1
+
+    @property
+    def too_few_tokens_hint(self) -> str:
+        """What to do when a collection holds fewer tokens than :attr:`min_training_tokens`."""
+        if self._residual is not None:
+            return "lower num_centroids (--num-centroids)"
+        return "use sq8 (or no codec) for so small a collection"
 
     @property
     def options(self) -> dict[str, Any]:
@@ -109,6 +141,8 @@ class TokenCodec:
         options: dict[str, Any] = {"sample_tokens": self.sample_tokens}
         if self.pq_subquantizers is not None:
             options["pq_subquantizers"] = self.pq_subquantizers
+        if self._residual is not None:
+            options.update(self._residual.options)
         return options
 
     def manifest_entry(self) -> dict[str, Any]:
@@ -128,7 +162,11 @@ class TokenCodec:
         sample = _float32_rows(sample, self.dim)
         if len(sample) < self.min_training_tokens:
             raise ValueError(f"the {self.name} codec needs at least {self.min_training_tokens} token vectors to train, "
-                             f"got {len(sample)}; use sq8 (or no codec) for so small a collection")
+                             f"got {len(sample)}; {self.too_few_tokens_hint}")
+        if self._residual is not None:
+            self._residual.train(sample)
+            self.trained_on = len(sample)
+            return
         self._index = self._new_index()
         if self.name == "pq":
             wanted = PQ_POINTS_PER_CENTROID * 2 ** PQ_BITS
@@ -144,6 +182,8 @@ class TokenCodec:
         import faiss
 
         self._check_trained()
+        if self._residual is not None:
+            return self._residual.parameters().astype(CODEC_PARAMETER_DTYPE, copy=False)
         vector = self._index.pq.centroids if self.name == "pq" else self._index.sq.trained
         return faiss.vector_to_array(vector).astype(CODEC_PARAMETER_DTYPE, copy=False)
 
@@ -152,6 +192,9 @@ class TokenCodec:
         import faiss
 
         parameters = np.ascontiguousarray(parameters, dtype=np.float32).reshape(-1)
+        if self._residual is not None:
+            self._residual.load_parameters(parameters)
+            return
         expected = self._parameter_count()
         if parameters.size != expected:
             raise SidecarCorruptError(f"the {self.name} codec of dim {self.dim} has {expected} parameters, "
@@ -170,6 +213,8 @@ class TokenCodec:
         vectors = _float32_rows(vectors, self.dim)
         if not len(vectors):
             return np.zeros((0, self.code_size), dtype=CODE_DTYPE)
+        if self._residual is not None:
+            return self._residual.encode(vectors)
         return self._index.sa_encode(vectors)
 
     def decode(self, codes: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -184,7 +229,10 @@ class TokenCodec:
         elif out.shape != (len(codes), self.dim) or out.dtype != np.float32 or not out.flags.c_contiguous:
             raise ValueError(f"out must be a C-contiguous float32 array of shape {(len(codes), self.dim)}")
         if len(codes):
-            self._index.sa_decode(codes, out)
+            if self._residual is not None:
+                self._residual.decode(codes, out)
+            else:
+                self._index.sa_decode(codes, out)
         return out
 
     # ---- internals -------------------------------------------------------------------------------------------------
@@ -196,9 +244,15 @@ class TokenCodec:
         return faiss.IndexScalarQuantizer(self.dim, getattr(faiss.ScalarQuantizer, _SCALAR_TYPES[self.name]))
 
     def _parameter_count(self) -> int:
+        if self._residual is not None:
+            return self._residual.parameter_count
         if self.name == "pq":
             return self.dim * 2 ** PQ_BITS  # M x 256 centroids of dim/M values
         return 2 * self.dim  # per-dimension minimum and range
+
+    def parameters_size(self) -> int:
+        """How many float32 parameters the trained codec has (the size of ``codec.bin`` / 4)."""
+        return self._parameter_count()
 
     def _check_trained(self) -> None:
         if not self.trained:
@@ -211,22 +265,57 @@ def codec_from_manifest(entry: Mapping[str, Any], dim: int, parameters: np.ndarr
     options = entry.get("options") or {}
     try:
         codec = TokenCodec(str(entry["name"]), dim, pq_subquantizers=options.get("pq_subquantizers"),
-                           sample_tokens=options.get("sample_tokens"))
+                           sample_tokens=options.get("sample_tokens"),
+                           **{key: options.get(key) for key in RESIDUAL_OPTIONS})
     except (KeyError, TypeError, ValueError) as error:
         raise SidecarCorruptError(f"{source}: field 'codec' does not describe a codec: {error}") from None
+    if codec.parameters_size() != int(entry.get("parameter_count", -1)):
+        raise SidecarCorruptError(f"{source}: codec {codec.name} ({codec.options}) of dim {dim} has "
+                                  f"{codec.parameters_size()} parameters, the manifest records "
+                                  f"{entry.get('parameter_count')}")
     if codec.code_size != int(entry.get("code_size", -1)):
         raise SidecarCorruptError(f"{source}: codec {codec.name} of dim {dim} makes {codec.code_size}-byte codes, "
                                   f"the manifest records {entry.get('code_size')}")
-    codec.load_parameters(parameters)
+    try:
+        codec.load_parameters(parameters)
+    except SidecarCorruptError as error:
+        raise SidecarCorruptError(f"{source} is damaged: {error}; rebuild or transcode the sidecar again") from None
     codec.trained_on = int(entry.get("trained_on_tokens", 0))
     return codec
 
 
-def code_size(name: str, dim: int, pq_subquantizers: int | None = None) -> int:
+def code_size(name: str, dim: int, pq_subquantizers: int | None = None, **residual_options: int | None) -> int:
     """Bytes per token vector of codec ``name`` at ``dim`` (``2 * dim`` for the float16 identity)."""
     if not is_compressed(name):
         return 2 * dim
-    return TokenCodec(name, dim, pq_subquantizers=pq_subquantizers).code_size
+    return TokenCodec(name, dim, pq_subquantizers=pq_subquantizers, **residual_options).code_size
+
+
+def codec_options(codec: str, *, pq_subquantizers: int | None = None, nbits: int | None = None,
+                  num_centroids: int | None = None, residual_dims: int | None = None) -> dict[str, int] | None:
+    """The options dict of ``codec`` from its command-line settings (``None`` when none is set), checked before any
+    work starts: each setting belongs to its codec and lies in its range (the dim-dependent checks come when the
+    codec is made). Raises ``ValueError`` naming the flag."""
+    from .residual import MAX_CENTROIDS, NBITS
+
+    settings = {"pq_subquantizers": pq_subquantizers, "nbits": nbits, "num_centroids": num_centroids,
+                "residual_dims": residual_dims}
+    given = {key: int(value) for key, value in settings.items() if value is not None}
+    owners = {"pq_subquantizers": "pq", **{key: RESIDUAL for key in RESIDUAL_OPTIONS}}
+    for key, value in given.items():
+        flag = "--" + key.replace("_", "-")
+        if owners[key] != codec:
+            raise ValueError(f"{flag} applies to --codec {owners[key]}, not {codec}")
+        if value <= 0:
+            raise ValueError(f"{flag} must be positive, not {value}")
+    if "nbits" in given and given["nbits"] not in NBITS:
+        raise ValueError(f"--nbits must be one of {', '.join(map(str, NBITS))}, not {given['nbits']}")
+    if "num_centroids" in given and not 2 <= given["num_centroids"] <= MAX_CENTROIDS:
+        raise ValueError(f"--num-centroids must be between 2 and {MAX_CENTROIDS}, not {given['num_centroids']}")
+    if "residual_dims" in given and given["residual_dims"] % (8 // given.get("nbits", 1)):
+        raise ValueError(f"--residual-dims must be a multiple of {8 // given.get('nbits', 1)} (8 / --nbits), "
+                         f"not {given['residual_dims']}")
+    return given or None
 
 
 def _float32_rows(vectors: np.ndarray, dim: int) -> np.ndarray:
@@ -236,5 +325,5 @@ def _float32_rows(vectors: np.ndarray, dim: int) -> np.ndarray:
     return vectors
 
 
-__all__ = ["CODECS", "IDENTITY", "TokenCodec", "codec_from_manifest", "code_size", "default_pq_subquantizers",
-           "is_compressed"]
+__all__ = ["CODECS", "IDENTITY", "RESIDUAL", "TokenCodec", "codec_from_manifest", "codec_options", "code_size",
+           "default_pq_subquantizers", "is_compressed"]

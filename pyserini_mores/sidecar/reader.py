@@ -183,6 +183,10 @@ class SidecarReader(ManifestMetadata):
                 f"sidecar {self.path} is damaged ({self.path / OFFSETS}): {'; '.join(problems)}. Rebuild it "
                 f"(`python -m pyserini_mores.sidecar verify {self.path}` lists every problem)")
         self._blocks.check_file(OFFSETS, offsets)
+        if self.manifest.compressed:
+            # The codec's parameters are checked now (checksum, sizes, finite values, their own invariants), not at
+            # the first decode in the middle of a search.
+            _ = self.codec
         if stale is not None:
             raise self.changed_documents_error(stale, expect_index)
 

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from .codecs import IDENTITY, TokenCodec
 from .format import SidecarExistsError
 from .sharded_reader import open_sidecar
 from .writer import SidecarWriter
@@ -42,6 +43,11 @@ def transcode_sidecar(source: str | os.PathLike, output: str | os.PathLike, *, c
         raise SidecarExistsError(f"{output} is the source sidecar: transcode into another directory")
     reader = open_sidecar(source)
     try:
+        if codec != IDENTITY:  # refused before any work: a codec that the whole source cannot train
+            probe = TokenCodec(codec, reader.dim, **dict(codec_options or {}))
+            if reader.num_tokens < probe.min_training_tokens:
+                raise ValueError(f"the {codec} codec needs at least {probe.min_training_tokens} token vectors to "
+                                 f"train, {source} holds {reader.num_tokens}; {probe.too_few_tokens_hint}")
         build = {**reader.manifest.build, "transcoded_from": {"path": str(source), "dtype": reader.dtype}}
         writer = SidecarWriter(output, dim=reader.dim, dtype=dtype, docids=reader.docids(np.arange(reader.num_docs)),
                                model=reader.model, index=reader.index, build=build, overwrite=overwrite,
