@@ -135,10 +135,16 @@ def _precisions(value: str, device: str) -> list[str]:
     return [value]
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command's parser (defining it imports nothing heavy)."""
     parser = argparse.ArgumentParser(prog="python -m pyserini_mores.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     define_bench_args(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     return run_parsed(parser, lambda args: run_bench(parser, args, argv), argv)
 
 
