@@ -7,8 +7,9 @@ the source's build provenance plus where it came from, written through :class:`.
 finalize; an interrupted transcode resumes).
 
 Vectors are read as the source stores them (a compressed source is decoded), so transcoding a float16 sidecar gives
-the codes a build with that codec would give up to the float16 rounding of its input, and codecs are trained on the
-first tokens in row order, as in a build.
+the codes a build with that codec would give up to the float16 rounding of its input. A codec is trained on every
+token when the source holds no more than its sample (as a build trains it), else on documents drawn across the whole
+source, where a build can only take its first documents.
 """
 from __future__ import annotations
 
@@ -54,6 +55,8 @@ def transcode_sidecar(source: str | os.PathLike, output: str | os.PathLike, *, c
                                restart=restart, codec=None if codec == "fp16" else codec,
                                codec_options=codec_options, commit_every_docs=batch_docs,
                                content_hashes=reader.content_hashes() if reader.index.get("content") else None)
+        if writer.codec_sample_tokens:
+            writer.train_codec(_spread_sample(reader, writer.codec_sample_tokens))
         with tqdm(total=reader.num_docs, initial=writer.rows_done, unit="doc", desc=f"transcode {output.name}",
                   disable=not progress) as bar:
             for start in range(writer.rows_done, reader.num_docs, batch_docs):
@@ -63,6 +66,23 @@ def transcode_sidecar(source: str | os.PathLike, output: str | os.PathLike, *, c
         return writer.finalize()
     finally:
         reader.close()
+
+
+def _spread_sample(reader, sample_tokens: int, seed: int = 0) -> np.ndarray:
+    """``[<= sample_tokens, dim]`` float32 training vectors: every token in row order when the store holds no more,
+    else those of documents drawn at random (fixed seed) across the whole store, in row order. A build can train
+    only on its first documents; a store whose rows follow some order (by source, topic or length) would train a
+    codec on one corner of the space (k-means centroids most of all)."""
+    lengths = reader.lengths()
+    if int(lengths.sum()) <= sample_tokens:
+        rows = np.arange(reader.num_docs)
+    else:
+        order = np.random.default_rng(seed).permutation(reader.num_docs)
+        enough = int(np.searchsorted(np.cumsum(lengths[order]), sample_tokens)) + 1
+        rows = np.sort(order[:enough])
+    sample = np.concatenate([np.asarray(reader.get(int(row)), dtype=np.float32) for row in rows]
+                            or [np.zeros((0, reader.dim), dtype=np.float32)])
+    return sample[:sample_tokens]
 
 
 __all__ = ["transcode_sidecar"]

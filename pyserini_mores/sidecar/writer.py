@@ -95,9 +95,11 @@ class SidecarWriter:
         commit_every_docs: commit the journal once at least this many documents were added since the last commit
             (1: after every :meth:`add`). A crash loses at most the uncommitted documents.
         codec: ``fp16`` / ``None`` (vectors stored in ``dtype``) or a compressed codec of :mod:`.codecs` (``sq8``,
-            ``sq6``, ``sq4``, ``pq``; ``dtype`` is then ignored). It is trained on the first documents added (they
-            wait in memory until its sample is full, or until :meth:`finalize`), then every document is encoded.
-        codec_options: ``pq_subquantizers`` (PQ's M), ``sample_tokens`` (see :class:`.codecs.TokenCodec`).
+            ``sq6``, ``sq4``, ``pq``, ``residual``; ``dtype`` is then ignored). It is trained on the first documents
+            added (they wait in memory until its sample is full, or until :meth:`finalize`), or on a sample given to
+            :meth:`train_codec` before them, then every document is encoded.
+        codec_options: ``pq_subquantizers`` (PQ's M), ``nbits``, ``num_centroids``, ``residual_dims`` (the residual
+            codec's), ``sample_tokens`` (see :class:`.codecs.TokenCodec`).
 
     Example::
 
@@ -443,10 +445,35 @@ class SidecarWriter:
         logger.info("resuming sidecar build %s at row %d of %d", self.partial_path, rows, self.num_docs)
 
     # ---- the codec ---------------------------------------------------------------------------------------------
+    @property
+    def codec_sample_tokens(self) -> int:
+        """How many token vectors the codec wants to train on; 0 when there is no codec or it is trained (a
+        resumed build)."""
+        return 0 if self._codec is None or self._codec.trained else self._codec.sample_tokens
+
+    def train_codec(self, sample: np.ndarray) -> None:
+        """Train the codec now on ``sample [n, dim]`` (float32) instead of on the first documents added, e.g. on
+        documents drawn across a whole store (see :func:`.transcode.transcode_sidecar`), and store its parameters.
+        Only before any document is added."""
+        self._check_writable()
+        if self._codec is None or self._codec.trained:
+            raise ValueError("train_codec needs an untrained codec (none, or trained before an interruption)")
+        if self.rows_done or self._pending:
+            raise ValueError("train_codec must come before the first document is added")
+        self._codec.train(np.ascontiguousarray(sample, dtype=np.float32))
+        self._store_codec()
+
     def _train_codec(self) -> None:
         """Train the codec on the first tokens waiting, store its parameters, then write every waiting document."""
         sample = np.concatenate([tokens for _, tokens in self._pending])[:self._codec.sample_tokens]
         self._codec.train(sample)
+        self._store_codec()
+        pending, self._pending = self._pending, []
+        for lengths, tokens in pending:
+            self._write_rows(lengths, self._codec.encode(tokens))
+
+    def _store_codec(self) -> None:
+        """Write the trained codec's parameters to ``codec.bin`` (fsynced) and record them for the manifest."""
         parameters = self._codec.parameters()
         file = self.partial_path / CODEC
         try:
@@ -459,9 +486,6 @@ class SidecarWriter:
             raise
         self._static_files[CODEC] = {"bytes": parameters.nbytes, "sha256": _hash_bytes(parameters, self.block_bytes),
                                      "codec": self._codec.manifest_entry()}
-        pending, self._pending = self._pending, []
-        for lengths, tokens in pending:
-            self._write_rows(lengths, self._codec.encode(tokens))
 
     def _load_codec_file(self) -> None:
         entry, file = self._static_files.get(CODEC), self.partial_path / CODEC

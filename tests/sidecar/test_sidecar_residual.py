@@ -261,3 +261,35 @@ def test_a_damaged_codec_file_is_refused_at_open_with_one_line_and_exit_2(tmp_pa
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and err.count("\n") == 1
     assert sidecar_main(["verify", str(path)]) == 1  # the checksums see every damage too
+
+
+def test_transcode_trains_on_documents_drawn_across_the_whole_source(tmp_path):
+    """A source larger than the codec's sample trains it on random documents from all of it (a build only has its
+    first ones); every stored code is then that codec's code of the source's vector."""
+    from pyserini_mores.sidecar.transcode import _spread_sample, transcode_sidecar
+
+    docs = _documents()
+    writer = SidecarWriter(tmp_path / "src", dim=DIM, docids=DOCIDS, model=MODEL, index=INDEX, dtype="float32")
+    writer.add(docs)
+    writer.finalize()
+    with open_sidecar(tmp_path / "src") as source:
+        sample = _spread_sample(source, 300)
+        assert sample.shape == (300, DIM)
+        starts = {row: int(source.offsets[row]) for row in range(len(LENGTHS))}
+        tokens = np.asarray(source.tokens)
+        sampled_rows = {row for row in range(len(LENGTHS)) if LENGTHS[row]
+                        and any(np.array_equal(tokens[starts[row]], vector) for vector in sample)}
+        assert max(sampled_rows) >= len(LENGTHS) // 2 and len(sampled_rows) >= 5  # spread, not the first rows
+        assert np.array_equal(_spread_sample(source, 5000), tokens)  # a small store: every token, in row order
+    options = {"sample_tokens": 300, "num_centroids": 16, "nbits": 2, "residual_dims": 16}
+    transcode_sidecar(tmp_path / "src", tmp_path / "res", codec="residual", codec_options=options, progress=False)
+    codec = TokenCodec("residual", DIM, **options)
+    codec.train(sample)
+    with open_sidecar(tmp_path / "res") as coded:
+        assert coded.manifest.codec["trained_on_tokens"] == 300
+        assert np.array_equal(np.asarray(coded.tokens), codec.encode(tokens))
+    with pytest.raises(ValueError, match="train_codec must come before the first document is added"):
+        writer = SidecarWriter(tmp_path / "late", dim=DIM, docids=DOCIDS, model=MODEL, index=INDEX,
+                               codec="residual", codec_options={"num_centroids": 16})
+        writer.add(docs[:3])
+        writer.train_codec(sample)
