@@ -133,6 +133,15 @@ def test_pickled_weights_without_safetensors_are_refused(tmp_path):
     check_model_directory(directory)
 
 
+def test_a_dense_query_encoder_asking_for_its_own_code_is_refused(tmp_path, marker):
+    from pyserini_mores.search.first_stage import Dense, open_dense_searcher
+
+    encoder = _custom_config_dir(tmp_path, marker)
+    with pytest.raises(UntrustedModelError, match=r"config\.json has an 'auto_map' key"):
+        open_dense_searcher(Dense(tmp_path / "no-dense-index", encoder))
+    assert not marker.exists()
+
+
 _API_SCRIPT = """
 import sys
 from pyserini_mores import get_reranker
