@@ -21,6 +21,7 @@ from torch import nn
 
 from ..models._layers import convert_hf_bert_state_dict
 from ..models.cross_encoder import CrossEncoder
+from ..models.trust import check_model_directory
 from .flops import EncoderShape, FlopCount, Term, bert_layer, linear
 from .names import BASELINES, HF_BERT, ST_CROSS_ENCODER
 
@@ -97,6 +98,7 @@ def build_scorer(name: str, checkpoint: Path, *, precision: str, device: torch.d
     weights_dtype = torch.float32 if precision in ("fp32", "bf16-autocast") else torch.bfloat16
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if precision == "bf16-autocast" \
         else contextlib.nullcontext
+    check_model_directory(checkpoint)
     if name == HF_BERT:
         return _hf_scorer(checkpoint, weights_dtype, autocast, device, batch_size)
     return _st_scorer(checkpoint, weights_dtype, autocast, device, batch_size, max_length)
@@ -107,8 +109,8 @@ def _hf_scorer(checkpoint: Path, dtype: torch.dtype, autocast, device: torch.dev
 
     with _quiet_transformers():
         model = BertForSequenceClassification.from_pretrained(checkpoint, attn_implementation="sdpa",
-                                                              local_files_only=True)
-        tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+                                                              local_files_only=True, use_safetensors=True)
+        tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True, trust_remote_code=False)
     model = _identity_pooler(model).to(device, dtype).eval()
 
     def score(query: str, documents: list[str]) -> torch.Tensor:
@@ -129,7 +131,7 @@ def _st_scorer(checkpoint: Path, dtype: torch.dtype, autocast, device: torch.dev
 
     with _quiet_transformers():
         model = SentenceTransformersCrossEncoder(str(checkpoint), device=str(device), local_files_only=True,
-                                                 max_length=max_length,
+                                                 max_length=max_length, trust_remote_code=False,
                                                  model_kwargs={"attn_implementation": "sdpa"})
     model = _identity_pooler(model).to(dtype).eval()
     identity = nn.Identity()  # the raw logit, as the other two score (its default sigmoid is monotone anyway)

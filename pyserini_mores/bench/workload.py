@@ -124,7 +124,7 @@ def minilm_tokenizer():
 
     from ..models.backbones import offline_minilm_path
 
-    return AutoTokenizer.from_pretrained(str(offline_minilm_path()))
+    return AutoTokenizer.from_pretrained(str(offline_minilm_path()), trust_remote_code=False)
 
 
 @lru_cache(maxsize=4)
@@ -138,7 +138,8 @@ def backbone_dims(name: str):
 
         from ..models.backbones import resolve_backbone
 
-        return BertDims.from_hf_config(AutoConfig.from_pretrained(resolve_backbone(backbone.pretrained)))
+        return BertDims.from_hf_config(AutoConfig.from_pretrained(resolve_backbone(backbone.pretrained),
+                                                                     trust_remote_code=False))
     return BertDims(**backbone.dims)
 
 

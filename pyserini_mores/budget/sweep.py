@@ -21,6 +21,7 @@ from tqdm import tqdm
 from .._io import write_text_atomic
 from ..eval.metrics import evaluate
 from ..formats import results_to_run
+from ..search.topic_search import percentile as _percentile
 from ..types import hits_to_texts, texts_to_hits
 
 logger = logging.getLogger(__name__)
@@ -92,6 +93,7 @@ class SweepRow:
     p99_ms: float
     within_budget: float  # fraction of queries whose rerank stage took at most the budget
     queries: int
+    over_budget: int = 0  # queries whose rerank stage took longer than the budget
 
     def to_dict(self) -> dict[str, Any]:
         values = asdict(self)
@@ -168,6 +170,9 @@ def run_sweep(searchers: dict[str, Any], topics: dict[str, str], qrels: dict[str
             bar.update(1)
     bar.close()
 
+    # A cost model the searches rescaled to the times they observed (CostDrift) is the one that ended the sweep.
+    calibrations = {label: getattr(searcher, "calibration", None) or calibrations[label]
+                    for label, searcher in searchers.items()}
     rows = []
     for label, budget in configs:
         evaluation = evaluate(results_to_run(results[label, budget]), qrels, SWEEP_METRICS)
@@ -186,7 +191,7 @@ def run_sweep(searchers: dict[str, Any], topics: dict[str, str], qrels: dict[str
             p50_ms=_percentile(measured, 0.5), p95_ms=_percentile(measured, 0.95),
             p99_ms=_percentile(measured, 0.99),
             within_budget=sum(ms <= budget for ms in measured) / len(measured) if measured else 1.0,
-            queries=len(chosen),
+            queries=len(chosen), over_budget=sum(ms > budget for ms in measured),
         ))
     return SweepResult(rows, calibrations, dict(settings or {}), results if keep_runs else {})
 
@@ -197,18 +202,11 @@ def _evict_sidecar(searcher) -> None:
         sidecar.evict_from_page_cache()
 
 
-def _percentile(values: Sequence[float], fraction: float) -> float:
-    """The nearest-rank percentile: the smallest value with at least ``fraction`` of ``values`` at or below it."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, math.ceil(fraction * len(ordered)) - 1)]
-
-
 # ----------------------------------------------------------------------------------------------------- outputs
 
 TABLE_COLUMNS = ("reranker", "budget_ms", "depth_mean", "depth_median", "MRR@10", "nDCG@10", "scored_mean",
-                 "deadline_cut", "p50_ms", "p95_ms", "p99_ms", "within_budget", "predicted_ms", "queries")
+                 "deadline_cut", "p50_ms", "p95_ms", "p99_ms", "within_budget", "over_budget", "predicted_ms",
+                 "queries")
 
 
 def _table_cells(row: SweepRow) -> list[str]:
@@ -216,7 +214,7 @@ def _table_cells(row: SweepRow) -> list[str]:
     return [row.reranker, budget, f"{row.depth_mean:.1f}", f"{row.depth_median:g}",
             f"{row.metrics['MRR@10']:.4f}", f"{row.metrics['nDCG@10']:.4f}", f"{row.scored_mean:.1f}",
             f"{row.deadline_cut:.0%}", f"{row.p50_ms:.1f}", f"{row.p95_ms:.1f}", f"{row.p99_ms:.1f}",
-            f"{row.within_budget:.0%}", f"{row.predicted_ms:.1f}", str(row.queries)]
+            f"{row.within_budget:.0%}", str(row.over_budget), f"{row.predicted_ms:.1f}", str(row.queries)]
 
 
 def format_tsv(rows: Sequence[SweepRow]) -> str:

@@ -45,21 +45,23 @@ def load_backbone(name_or_path: str | os.PathLike):
     from transformers import AutoConfig, AutoTokenizer
 
     from ._layers import BertDims
+    from .trust import check_model_directory
 
     source = resolve_backbone(name_or_path)
+    check_model_directory(source)
     try:
-        hf_config = AutoConfig.from_pretrained(source)
+        hf_config = AutoConfig.from_pretrained(source, trust_remote_code=False)
         if hf_config.model_type != "bert":
             raise ValueError(
                 f"backbone '{name_or_path}' is a '{hf_config.model_type}' model; "
                 "only BERT-architecture checkpoints (BERT, MiniLM, ...) are supported"
             )
-        tokenizer = AutoTokenizer.from_pretrained(source)
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
         state_dict = _bert_weights_from_file(source)
         if state_dict is None:
             from transformers import AutoModel
 
-            state_dict = AutoModel.from_pretrained(source).state_dict()
+            state_dict = AutoModel.from_pretrained(source, trust_remote_code=False, use_safetensors=True).state_dict()
     except OSError as error:
         hint = "" if Path(source).is_dir() else (
             f" It is not a local directory, and the HF hub could not provide it (offline?). "

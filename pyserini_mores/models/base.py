@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from ._layers import BertDims
+from .trust import check_model_directory
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -292,7 +293,7 @@ class RankingModel(nn.Module):
         config = cls.config_class.from_dict(values)
         check_tokenizer_files(directory)
         # An empty config keeps transformers from reading our config.json as if it were its own.
-        tokenizer = AutoTokenizer.from_pretrained(str(directory), config=PretrainedConfig())
+        tokenizer = AutoTokenizer.from_pretrained(str(directory), config=PretrainedConfig(), trust_remote_code=False)
         model = cls(config, tokenizer)
         load_model(model, str(directory / WEIGHTS_NAME), strict=True)
         model.eval()
@@ -337,6 +338,7 @@ def read_checkpoint_config(directory: str | os.PathLike) -> dict:
     path = Path(directory) / CONFIG_NAME
     if not path.is_file():
         raise FileNotFoundError(f"{directory} is not a pyserini_mores checkpoint (no {CONFIG_NAME})")
+    check_model_directory(directory)
     values = json.loads(path.read_text())
     if "model_type" not in values:
         raise ValueError(f"{path} has no 'model_type'; it is not a pyserini_mores checkpoint")
@@ -352,6 +354,7 @@ def check_tokenizer_files(directory: str | os.PathLike) -> None:
     5-token vocabulary that maps every word to [UNK]; without ``tokenizer_config.json``, one that does not lower-case).
     """
     directory = Path(directory)
+    check_model_directory(directory)  # the tokenizer's own files may ask to run code
     if not (directory / TOKENIZER_CONFIG_NAME).is_file():
         raise FileNotFoundError(f"checkpoint {directory} has no {TOKENIZER_CONFIG_NAME} (its tokenizer is incomplete)")
     if not any((directory / name).is_file() for name in TOKENIZER_VOCAB_NAMES):

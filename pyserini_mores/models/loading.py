@@ -17,6 +17,7 @@ from .backbones import DEFAULT_BACKBONE, OFFLINE_MINILM_NAMES, load_backbone
 from .base import CONFIG_NAME, RankingModel
 from .delta import is_delta_checkpoint, load_delta
 from .registry import MODEL_CLASSES, model_class
+from .trust import check_model_directory
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ def load_model(model_type: str, name_or_path: str | os.PathLike, **overrides) ->
     model = None
     shipped = shipped_model_path(name_or_path)
     directory = Path(shipped or name_or_path)
+    check_model_directory(directory)  # before any of its files is read by a loader
     if directory.is_dir() and not (directory / CONFIG_NAME).is_file() \
             and str(name_or_path).lower() not in OFFLINE_MINILM_NAMES:
         # Neither a checkpoint nor an HF backbone directory: say so, rather than transformers' "no model_type".

@@ -84,7 +84,8 @@ def load_modules(
     config = cls.config_class.from_dict({**values, **overrides})
     check_tokenizer_files(directory)
     # an empty config keeps transformers from reading our config.json as its own (as base.from_pretrained does)
-    model = cls(config, AutoTokenizer.from_pretrained(str(directory), config=PretrainedConfig()))
+    model = cls(config, AutoTokenizer.from_pretrained(str(directory), config=PretrainedConfig(),
+                                                           trust_remote_code=False))
     sources = {"document_module": document_module, "query_module": query_module,
                "interaction_module": interaction_module}
     for name in MODULE_NAMES:

@@ -24,7 +24,7 @@ from ..index import fetch_texts, index_identity
 from ..precision import resolve_device
 from .first_stage import DENSE_FIRST_STAGES, FIRST_STAGES
 from .partial import PartialSearch
-from .topic_search import TopicSearch, search_topics
+from .topic_search import TopicSearch, budget_report, search_topics
 
 logger = logging.getLogger(__name__)
 
@@ -267,14 +267,8 @@ def report_search(args: argparse.Namespace, searcher, inputs: SearchInputs, sear
         print(f"Rerank time per query ({args.rerank_depth} candidates at most): median "
               f"{statistics.median(rerank_ms):.1f} ms over {len(rerank_ms)} queries")
     if args.time_budget_ms is not None and searched.stats:
-        depths = [stats.depth for stats in searched.stats.values()]
-        print(f"Rerank depth under the {args.time_budget_ms:g} ms budget: median {statistics.median(depths):g}, "
-              f"mean {statistics.fmean(depths):.1f}, range {min(depths)}-{max(depths)}")
-        cut = [stats for stats in searched.stats.values() if stats.deadline_cut]
-        if cut:
-            print(f"Stopped at the deadline: {len(cut)} of {len(depths)} queries, which scored "
-                  f"{sum(stats.scored for stats in cut)} of the {sum(stats.depth for stats in cut)} candidates "
-                  "their depth allowed")
+        for line in budget_report(list(searched.stats.values()), args.time_budget_ms):
+            print(line)
     if inputs.qrels is not None:
         print_metrics(inputs.qrels, {first_stage_label: searched.bm25, label: results})
     examples = args.examples if args.examples is not None else (3 if inputs.embedded else 0)

@@ -15,9 +15,16 @@ never below the cheapest median measured at that size or a larger one (cost does
 so a depth is chosen only where the measurements say it fits. Calibration runs warm; the searcher's deadline (see
 :meth:`~.searcher.RerankingSearcher.rerank_hits`) keeps a query within its budget when a cold page cache or a longer
 query makes it slower than predicted.
+
+A machine's speed changes after its calibration (other processes start or stop): the searcher compares every budgeted
+query's rerank time with the model's prediction (:class:`CostDrift`), and when they drift apart rescales the model to
+what it observes and saves it in the cache (:meth:`Calibration.rescaled`), so that the depths follow and the next
+search starts from it. A model whose depth for a budget is 0 is reported, never applied silently: nothing is then
+reranked, so nothing is observed to correct it, and only ``--recalibrate`` measures it again.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -52,6 +59,12 @@ QUERY_WORDS = 6
 NOISY_FIT = 0.5
 #: ... among the medians of at least this many ms (shorter timings are all jitter, and harmless).
 NOISE_FLOOR_MS = 2.0
+#: Observed rerank times are followed as an exponentially weighted mean of their ratio to the prediction (in logs, so
+#: that twice as slow and twice as fast weigh alike), each query weighing this much ...
+DRIFT_WEIGHT = 0.2
+#: ... and once this many queries are observed, a mean ratio beyond this factor either way rescales the model.
+DRIFT_FACTOR = 1.5
+DRIFT_MIN_QUERIES = 8
 
 
 @dataclass(frozen=True)
@@ -66,6 +79,9 @@ class Calibration:
         max_candidates: the largest size the measurement planned for (a cache entry serves rerank depths up to it).
         key: what the measurement depends on (reranker, model, precision, device, batch size, threads, machine, index).
         measured_at: ISO timestamp of the measurement.
+        scale: how much slower (> 1) or faster than measured searches were observed to rerank: every cost above is
+            the measured one times this (:meth:`rescaled`); 1 as measured.
+        rescaled_at: ISO timestamp of the last rescaling ("" when none).
     """
 
     fixed_ms: float
@@ -74,12 +90,26 @@ class Calibration:
     max_candidates: int = 0
     key: dict[str, Any] = field(default_factory=dict)
     measured_at: str = ""
+    scale: float = 1.0
+    rescaled_at: str = ""
 
     def __post_init__(self):
         for name in ("fixed_ms", "per_candidate_ms"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, not {value}")
+        if not (math.isfinite(self.scale) and self.scale > 0):
+            raise ValueError(f"scale must be a finite number > 0, not {self.scale}")
+
+    def rescaled(self, factor: float) -> "Calibration":
+        """This model with every cost (line and measured points) ``factor`` times as large: what searches observed
+        when the machine's speed changed after the measurement (:class:`CostDrift`)."""
+        if not (math.isfinite(factor) and factor > 0):
+            raise ValueError(f"a cost model is rescaled by a finite factor > 0, not {factor}")
+        return dataclasses.replace(
+            self, fixed_ms=self.fixed_ms * factor, per_candidate_ms=self.per_candidate_ms * factor,
+            points=tuple((n, ms * factor) for n, ms in self.points), scale=self.scale * factor,
+            rescaled_at=datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
 
     def line_ms(self, candidates: int) -> float:
         """The fitted line at ``candidates`` (0 for none)."""
@@ -145,6 +175,7 @@ class Calibration:
                 "per_candidate_ms": self.per_candidate_ms,
                 "points": [{"candidates": n, "median_ms": ms} for n, ms in self.points],
                 "max_candidates": self.max_candidates, "key": self.key, "measured_at": self.measured_at,
+                "scale": self.scale, "rescaled_at": self.rescaled_at,
                 "max_relative_error": self.max_relative_error,
                 "timed": "rerank stage per query (text fetch if needed, query encoding, sidecar reads, scoring, "
                          "sorting); BM25 excluded"}
@@ -157,7 +188,8 @@ class Calibration:
         return cls(fixed_ms=float(values["fixed_ms"]), per_candidate_ms=float(values["per_candidate_ms"]),
                    points=tuple((int(p["candidates"]), float(p["median_ms"])) for p in values["points"]),
                    max_candidates=int(values["max_candidates"]), key=dict(values["key"]),
-                   measured_at=str(values["measured_at"]))
+                   measured_at=str(values["measured_at"]), scale=float(values.get("scale", 1.0)),
+                   rescaled_at=str(values.get("rescaled_at", "")))
 
     @property
     def max_relative_error(self) -> float:
@@ -167,7 +199,40 @@ class Calibration:
                    default=0.0)
 
     def describe(self) -> str:
-        return f"{self.fixed_ms:.3g} ms + {self.per_candidate_ms:.3g} ms/candidate"
+        observed = "" if self.scale == 1.0 else f" ({self.scale:.3g}x as measured, rescaled to observed times)"
+        return f"{self.fixed_ms:.3g} ms + {self.per_candidate_ms:.3g} ms/candidate{observed}"
+
+
+class CostDrift:
+    """Rerank times observed against a cost model: an exponentially weighted mean (:data:`DRIFT_WEIGHT`) of
+    ``log(observed / predicted)`` over queries. :meth:`observe` returns the factor to rescale the model by once
+    :data:`DRIFT_MIN_QUERIES` queries say it is off by more than :data:`DRIFT_FACTOR` either way, and starts afresh.
+
+    The prediction is the model's for the candidates scored (a query the deadline stopped counts those it scored);
+    a query whose observed and predicted times are both under :data:`NOISE_FLOOR_MS` is not counted (jitter).
+    """
+
+    def __init__(self, weight: float = DRIFT_WEIGHT, factor: float = DRIFT_FACTOR,
+                 min_queries: int = DRIFT_MIN_QUERIES):
+        self.weight, self.factor, self.min_queries = weight, factor, min_queries
+        self.mean_log_ratio, self.queries = 0.0, 0
+
+    def observe(self, calibration: Calibration, scored: int, rerank_ms: float) -> float | None:
+        """Count one query that scored ``scored`` candidates in ``rerank_ms``; the factor to rescale
+        ``calibration`` by (:meth:`Calibration.rescaled`) when it has drifted, else ``None``."""
+        predicted = calibration.predict_ms(scored)
+        if scored <= 0 or max(predicted, rerank_ms) < NOISE_FLOOR_MS or predicted <= 0 or rerank_ms <= 0:
+            return None
+        ratio = math.log(rerank_ms / predicted)
+        # Started at the first observation, not at 0: one query is not averaged with an imagined agreement.
+        self.mean_log_ratio = ratio if self.queries == 0 else \
+            (1 - self.weight) * self.mean_log_ratio + self.weight * ratio
+        self.queries += 1
+        if self.queries < self.min_queries or abs(self.mean_log_ratio) <= math.log(self.factor):
+            return None
+        factor = math.exp(self.mean_log_ratio)
+        self.mean_log_ratio, self.queries = 0.0, 0
+        return factor
 
 
 def _fit_line(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
@@ -239,6 +304,13 @@ def _cache_path(cache_dir: Path, key: dict[str, Any]) -> Path:
     return cache_dir / f"{safe_name}-{digest}.json"
 
 
+def save_calibration(calibration: Calibration, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Write ``calibration`` where :func:`calibrate` finds it for its key (replacing what was there); its path."""
+    path = _cache_path(Path(cache_dir) if cache_dir is not None else calibration_cache_dir(), calibration.key)
+    write_json_atomic(path, calibration.to_dict(), sort_keys=True)
+    return path
+
+
 def calibrate(searcher, *, recalibrate: bool = False, cache_dir: str | os.PathLike | None = None,
               num_queries: int = 3, repeats: int = 5, time_limit_s: float = 60.0,
               cold_cache: bool = False) -> Calibration:
@@ -285,7 +357,7 @@ def calibrate(searcher, *, recalibrate: bool = False, cache_dir: str | os.PathLi
         logger.warning("calibration of %s is noisy: %s does not fit the medians (%s) within %.0f%%; other load "
                        "on this machine skews timings; recalibrate when it is quiet", key["reranker"],
                        calibration.describe(), measured, NOISY_FIT * 100)
-    write_json_atomic(path, calibration.to_dict(), sort_keys=True)
+    save_calibration(calibration, cache_dir)
     return calibration
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from .._jvm import import_pyserini
 from ..formats import RunFormat, read_ranked_run
 from ..models.backbones import OFFLINE_MINILM_NAMES, offline_minilm_path
+from ..models.trust import check_model_directory
 from ..types import RerankedHit
 
 logger = logging.getLogger(__name__)
@@ -83,11 +84,15 @@ class Hybrid:
 
 
 def open_dense_searcher(dense: Dense):
-    """Pyserini's ``FaissSearcher`` over ``dense.index`` with its query encoder."""
-    faiss = import_pyserini("pyserini.search.faiss")
+    """Pyserini's ``FaissSearcher`` over ``dense.index`` with its query encoder (an encoder directory that asks to
+    run code of its own is refused first: Pyserini's encoders load it without saying ``trust_remote_code=False``)."""
     encoder = dense.encoder
+    path = None
     if isinstance(encoder, (str, os.PathLike)):
         path = offline_minilm_path() if str(encoder).lower() in OFFLINE_MINILM_NAMES else encoder
+        check_model_directory(path)
+    faiss = import_pyserini("pyserini.search.faiss")
+    if path is not None:
         encoder = import_pyserini("pyserini.encode").AutoQueryEncoder(str(path), pooling=dense.pooling,
                                                                        l2_norm=dense.l2_norm)
     if os.path.isdir(dense.index):

@@ -18,7 +18,7 @@ from ..index import ResolvedIndex, fetch_texts, index_identity, open_searcher, r
 from ..rerankers import Reranker, get_reranker
 from ..sidecar import SidecarContentMismatchError, default_sidecar_path, open_sidecar
 from ..types import Query, RerankedHit, RerankStats, hits_to_texts, texts_to_hits
-from .calibration import Calibration, calibrate
+from .calibration import Calibration, CostDrift, calibrate, save_calibration
 from .first_stage import (
     DENSE_FIRST_STAGES,
     Dense,
@@ -97,8 +97,9 @@ class RerankingSearcher:
             (:meth:`calibrate`).
         enforce_deadline: under a finite budget, also stop scoring at the budget's deadline (see
             :meth:`rerank_hits`), so that queries slower than predicted (a cold page cache, a busy machine) keep
-            within it. ``False``: the depth from the cost model only, so runs do not depend on timing (the same on
-            any number of threads, run after run).
+            within it, and follow the rerank times observed: a cost model measured by :meth:`calibrate` is rescaled
+            (and saved) when they drift from it (:class:`~.calibration.CostDrift`). ``False``: the depth from the
+            cost model only, so runs do not depend on timing (the same on any number of threads, run after run).
         interpolate: ``alpha`` in [0, 1] — the reranked hits' scores become ``alpha`` × the reranker's plus
             ``1 − alpha`` × the first stage's, each min–max normalised per query (:mod:`.fusion`); ``None`` (the
             default): the reranker's scores alone.
@@ -145,6 +146,9 @@ class RerankingSearcher:
         self.interpolate = None if interpolate is None else check_alpha(interpolate)
         self.calibration: Calibration | None = calibration
         self._calibrating = threading.Lock()  # one measurement when several threads meet an uncalibrated budget
+        self._drift: CostDrift | None = None  # set by calibrate(): a cost model handed in is the caller's to keep
+        self._calibration_cache: str | os.PathLike | None = None
+        self._warned_depth_zero: set[float] = set()
         self.reranker = get_reranker(reranker, **reranker_kwargs) if isinstance(reranker, str) else reranker
         self.sidecar_path: Path | None = None
         if hasattr(getattr(self.reranker, "sidecar", None), "check_built_for"):
@@ -321,6 +325,8 @@ class RerankingSearcher:
         # With nothing to rerank the rerank stage does not run: 0 ms, not the cost of a function call.
         rerank_ms = (time.perf_counter() - started) * 1000 if head else 0.0
         scored = len(reranked)
+        if deadline is not None:
+            self._observe_cost(scored, rerank_ms)
         ranked = reranked + _below(reranked, texts_to_hits(hits_to_texts(hits[scored:])), start_rank=scored + 1)
         return ranked, RerankStats(candidates=len(hits), depth=depth, rerank_ms=rerank_ms, scored=scored,
                                    deadline_cut=scored < depth)
@@ -350,9 +356,27 @@ class RerankingSearcher:
 
     def calibrate(self, recalibrate: bool = False, **options) -> Calibration:
         """The reranker's cost model on this machine (from the cache, else measured); ``options`` go to
-        :func:`.calibration.calibrate`. Kept in :attr:`calibration`."""
+        :func:`.calibration.calibrate`. Kept in :attr:`calibration`, and from now on rescaled (and saved in the
+        cache) when budgeted queries observe times that drift from it (see ``enforce_deadline``)."""
         self.calibration = calibrate(self, recalibrate=recalibrate, **options)
+        self._drift, self._calibration_cache = CostDrift(), options.get("cache_dir")
         return self.calibration
+
+    def _observe_cost(self, scored: int, rerank_ms: float) -> None:
+        """Count a budgeted query's rerank time against the cost model; rescale and save the model when the times
+        have drifted from it (:class:`~.calibration.CostDrift`)."""
+        if self._drift is None or self.calibration is None:
+            return
+        with self._calibrating:
+            factor = self._drift.observe(self.calibration, scored, rerank_ms)
+            if factor is None:
+                return
+            before = self.calibration.describe()
+            self.calibration = self.calibration.rescaled(factor)
+            path = save_calibration(self.calibration, self._calibration_cache)
+        logger.warning("rerank times of %s are %.2fx what its cost model predicts (%s) over the last queries: the "
+                       "model is now %s, saved to %s (--recalibrate measures it again)", self.reranker.name, factor,
+                       before, self.calibration.describe(), path)
 
     def depth_for(self, num_hits: int, time_budget_ms: float | None | _SearcherBudget = SEARCHER_BUDGET) -> int:
         """How many of ``num_hits`` BM25 hits are reranked under ``time_budget_ms`` (default: the searcher's
@@ -363,7 +387,23 @@ class RerankingSearcher:
         if not budget >= 0:
             raise ValueError(f"time_budget_ms must be >= 0 (or None for no budget), not {budget}")
         depth = 0 if budget == 0 else self._cost_model().depth_for_budget(budget, self.rerank_depth)
+        if depth == 0 and budget > 0 and num_hits > 0:
+            self._warn_depth_zero(budget)
         return min(depth, num_hits)
+
+    def _warn_depth_zero(self, budget: float) -> None:
+        """Say, once per budget, that the cost model leaves nothing to rerank: no query then observes a time that
+        could correct it, so a model measured on a busy machine would otherwise rerank nothing unnoticed."""
+        with self._calibrating:
+            if budget in self._warned_depth_zero:
+                return
+            self._warned_depth_zero.add(budget)
+        calibration = self.calibration
+        logger.warning("the %g ms time budget buys no reranking with %s: its cost model (%s, measured %s) predicts "
+                       "%.3g ms for a single candidate, so every query keeps its first-stage order; if the machine "
+                       "was busy when it was measured, measure it again with --recalibrate (or "
+                       "RerankingSearcher.calibrate(recalibrate=True))", budget, self.reranker.name,
+                       calibration.describe(), calibration.measured_at or "elsewhere", calibration.predict_ms(1))
 
     def _cost_model(self) -> Calibration:
         with self._calibrating:

@@ -2,7 +2,9 @@
 reranked in turn; what it found, query by query."""
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tqdm import tqdm
@@ -51,3 +53,37 @@ def search_topics(searcher, topics: dict[str, str], *, hits: int = 1000, batch_s
             bar.update(1)
     bar.close()
     return found
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    """The nearest-rank percentile: the smallest value with at least ``fraction`` of ``values`` at or below it (0
+    for none)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(fraction * len(ordered)) - 1)]
+
+
+def budget_report(stats: Sequence[RerankStats], budget_ms: float) -> list[str]:
+    """What the rerank stage did against a time budget, as lines for a search's summary: the depths the cost model
+    gave, the measured times against the budget (median, p95, queries over it), the queries the deadline stopped,
+    and those given nothing to rerank."""
+    if not stats:
+        return []
+    depths = [entry.depth for entry in stats]
+    times = [entry.rerank_ms for entry in stats]
+    lines = [f"Rerank depth under the {budget_ms:g} ms budget: median {statistics.median(depths):g}, "
+             f"mean {statistics.fmean(depths):.1f}, range {min(depths)}-{max(depths)}",
+             f"Rerank time against the {budget_ms:g} ms budget: median {statistics.median(times):.1f} ms, p95 "
+             f"{percentile(times, 0.95):.1f} ms; {sum(ms > budget_ms for ms in times)} of {len(times)} queries "
+             "over it"]
+    cut = [entry for entry in stats if entry.deadline_cut]
+    if cut:
+        lines.append(f"Stopped at the deadline: {len(cut)} of {len(stats)} queries, which scored "
+                     f"{sum(entry.scored for entry in cut)} of the {sum(entry.depth for entry in cut)} candidates "
+                     "their depth allowed")
+    unreranked = sum(entry.depth == 0 and entry.candidates > 0 for entry in stats)
+    if unreranked and budget_ms > 0:
+        lines.append(f"Nothing reranked: {unreranked} of {len(stats)} queries, whose depth under the budget was 0 "
+                     "(if the machine was busy when the cost model was measured: --recalibrate)")
+    return lines

@@ -79,7 +79,8 @@ def load_prettr_for_compressor(init: str | os.PathLike, model_args: dict | None 
         wanted = model_args.get("compression_dim", values.get("compression_dim"))
         if wanted and values.get("compression_dim") != wanted:
             config = PreTTRConfig.from_dict({**values, **model_args})
-            tokenizer = AutoTokenizer.from_pretrained(str(directory), config=PretrainedConfig())
+            tokenizer = AutoTokenizer.from_pretrained(str(directory), config=PretrainedConfig(),
+                                                      trust_remote_code=False)
             model = PreTTRModel(config, tokenizer)
             weights = {name: tensor for name, tensor in load_file(str(directory / WEIGHTS_NAME)).items()
                        if not name.startswith("compressor.")}

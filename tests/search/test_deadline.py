@@ -303,3 +303,146 @@ def test_under_a_deadline_the_candidates_rows_are_prefetched_in_their_order_befo
     events.clear()
     slow_searcher.rerank_hits(QUERIES[0], bm25, time_budget_ms=None)  # no deadline: no prefetch
     assert events and all(event == ("score",) for event in events)
+
+
+# ------------------------------------------------------------------------------------------- drift and depth 0
+
+
+def _cached_calibration(searcher, cache_dir, **fields) -> Calibration:
+    """``fields`` as the cost model in ``searcher``'s cache entry, then loaded by ``searcher.calibrate`` (as a search
+    that finds its calibration in the cache does)."""
+    from pyserini_mores.search.calibration import calibration_key, save_calibration
+
+    save_calibration(Calibration(key=calibration_key(searcher), max_candidates=searcher.rerank_depth,
+                                 measured_at="2026-01-01T00:00:00+00:00", **fields), cache_dir)
+    return searcher.calibrate(cache_dir=cache_dir)
+
+
+def test_times_that_drift_from_the_cost_model_rescale_it_and_the_cache(slow_searcher, lucene, tmp_path, caplog):
+    """Measured on a quiet machine at 1 ms + 1 ms per candidate, the reranker now takes 20 ms per candidate (the fake
+    clock): every query scores 2 candidates in 40 ms under the deadline, 40/3 of the predicted 3 ms. The eighth such
+    query rescales the model by 40/3, saves it, and the next query's depth is the rescaled model's."""
+    from pyserini_mores.search.calibration import DRIFT_MIN_QUERIES
+
+    cache = tmp_path / "calibration"
+    quiet = _cached_calibration(slow_searcher, cache, fixed_ms=1.0, per_candidate_ms=1.0)
+    assert quiet.scale == 1.0 and quiet.depth_for_budget(BUDGET_MS, 20) == 20
+    bm25 = lucene.search(QUERIES[0], k=20)
+    for query_number in range(1, DRIFT_MIN_QUERIES + 1):
+        hits, stats = slow_searcher.rerank_hits(QUERIES[0], bm25)
+        assert (stats.depth, stats.scored, stats.rerank_ms) == (len(bm25), 2, pytest.approx(40.0))
+        if query_number < DRIFT_MIN_QUERIES:
+            assert slow_searcher.calibration is quiet, query_number
+    rescaled = slow_searcher.calibration
+    assert rescaled.scale == pytest.approx(40 / 3)
+    assert (rescaled.fixed_ms, rescaled.per_candidate_ms) == (pytest.approx(40 / 3), pytest.approx(40 / 3))
+    assert rescaled.key == quiet.key and rescaled.measured_at == quiet.measured_at and rescaled.rescaled_at
+    assert "40/3" not in caplog.text and "13.33x what its cost model predicts" in caplog.text
+    assert "--recalibrate measures it again" in caplog.text
+    # The next query reranks as deep as the rescaled model says fits: (60 - 13.3) / 13.3 -> 3 candidates.
+    _, stats = slow_searcher.rerank_hits(QUERIES[0], bm25)
+    assert stats.depth == rescaled.depth_for_budget(BUDGET_MS, 20) == 3
+    # The cache holds it: the next search starts from the observed costs.
+    assert slow_searcher.calibrate(cache_dir=cache) == rescaled
+    # --recalibrate measures again (a real measurement on the real clock, not the rescaled model).
+    assert slow_searcher.calibrate(recalibrate=True, cache_dir=cache, num_queries=1, repeats=1).scale == 1.0
+
+
+def test_times_within_the_drift_factor_leave_the_cost_model_alone(slow_searcher, lucene, tmp_path):
+    """25 ms per candidate measured, 20 ms observed (0.8 of the prediction): within DRIFT_FACTOR, kept."""
+    from pyserini_mores.search.calibration import DRIFT_MIN_QUERIES
+
+    calibration = _cached_calibration(slow_searcher, tmp_path, fixed_ms=0.0, per_candidate_ms=25.0)
+    bm25 = lucene.search(QUERIES[0], k=20)
+    for _ in range(2 * DRIFT_MIN_QUERIES):
+        _, stats = slow_searcher.rerank_hits(QUERIES[0], bm25)
+        assert (stats.depth, stats.scored, stats.rerank_ms) == (2, 2, pytest.approx(40.0))
+    assert slow_searcher.calibration is calibration
+
+
+def test_without_the_deadline_or_with_a_given_cost_model_nothing_is_rescaled(slow_searcher, lucene, tmp_path):
+    from pyserini_mores.search.calibration import DRIFT_MIN_QUERIES
+
+    bm25 = lucene.search(QUERIES[0], k=20)
+    for _ in range(DRIFT_MIN_QUERIES + 1):  # the fixture's cost model is the caller's: 500 times too fast, kept
+        slow_searcher.rerank_hits(QUERIES[0], bm25)
+    assert slow_searcher.calibration is OPTIMISTIC
+    calibration = _cached_calibration(slow_searcher, tmp_path, fixed_ms=1.0, per_candidate_ms=1.0)
+    slow_searcher.enforce_deadline = False  # runs that do not depend on timing
+    for _ in range(DRIFT_MIN_QUERIES + 1):
+        slow_searcher.rerank_hits(QUERIES[0], bm25)
+    assert slow_searcher.calibration is calibration
+
+
+def test_a_cost_model_that_leaves_nothing_to_rerank_is_reported_naming_recalibrate(slow_searcher, lucene, tmp_path,
+                                                                                    caplog):
+    """A model measured on a busy machine (500 ms per query) gives depth 0 under the 60 ms budget: the queries keep
+    BM25's order, and the search says so once, with the way out."""
+    from pyserini_mores.search.topic_search import budget_report
+
+    _cached_calibration(slow_searcher, tmp_path, fixed_ms=500.0, per_candidate_ms=1.0)
+    stats = []
+    for query in QUERIES:
+        bm25 = lucene.search(query, k=20)
+        hits, query_stats = slow_searcher.rerank_hits(query, bm25)
+        assert [hit.docid for hit in hits] == [hit.docid for hit in bm25] and query_stats.depth == 0
+        stats.append(query_stats)
+    warnings = [record.getMessage() for record in caplog.records if "buys no reranking" in record.getMessage()]
+    assert warnings == [
+        "the 60 ms time budget buys no reranking with maxsim: its cost model (500 ms + 1 ms/candidate, measured "
+        "2026-01-01T00:00:00+00:00) predicts 501 ms for a single candidate, so every query keeps its first-stage "
+        "order; if the machine was busy when it was measured, measure it again with --recalibrate (or "
+        "RerankingSearcher.calibrate(recalibrate=True))"]
+    assert budget_report(stats, BUDGET_MS)[-1] == (
+        "Nothing reranked: 3 of 3 queries, whose depth under the budget was 0 (if the machine was busy when the cost "
+        "model was measured: --recalibrate)")
+    slow_searcher.rerank_hits(QUERIES[0], lucene.search(QUERIES[0], k=20), time_budget_ms=0)  # asked for: silent
+    assert len([r for r in caplog.records if "buys no reranking" in r.getMessage()]) == 1
+
+
+def test_the_budget_report_gives_p95_and_the_queries_over_the_budget():
+    from pyserini_mores.search.topic_search import budget_report
+
+    stats = [RerankStats(candidates=20, depth=10, rerank_ms=float(ms), scored=10 if ms <= 50 else 6,
+                         deadline_cut=ms > 50) for ms in range(1, 101)]
+    stats.append(RerankStats(candidates=0, depth=0, rerank_ms=0.0))  # a query without candidates
+    assert budget_report(stats, 50.0) == [
+        "Rerank depth under the 50 ms budget: median 10, mean 9.9, range 0-10",
+        "Rerank time against the 50 ms budget: median 50.0 ms, p95 95.0 ms; 50 of 101 queries over it",
+        "Stopped at the deadline: 50 of 101 queries, which scored 300 of the 500 candidates their depth allowed"]
+    assert budget_report([], 50.0) == []
+
+
+def test_cost_drift_follows_a_weighted_mean_of_log_ratios():
+    from pyserini_mores.search.calibration import CostDrift
+
+    model = Calibration(fixed_ms=0.0, per_candidate_ms=1.0)  # 10 candidates: 10 ms predicted
+    drift = CostDrift(weight=0.5, factor=1.5, min_queries=3)
+    assert drift.observe(model, 10, 20.0) is None and drift.observe(model, 10, 20.0) is None
+    assert drift.observe(model, 10, 5.0) is None  # mean log ratio: log 2 then halfway to log 0.5 -> 0
+    assert drift.mean_log_ratio == pytest.approx(0.0) and drift.queries == 3
+    # Halfway from 0 to log 4: log 2, beyond log 1.5 with 3 queries seen: rescale by 2, and start afresh.
+    assert drift.observe(model, 10, 40.0) == pytest.approx(2.0)
+    assert (drift.queries, drift.mean_log_ratio) == (0, 0.0)
+    for ms in (30.0, 30.0):
+        assert drift.observe(model, 10, ms) is None
+    assert drift.observe(model, 10, 30.0) == pytest.approx(3.0)  # the first observation starts the mean
+    # Jitter under NOISE_FLOOR_MS and queries that scored nothing are not counted.
+    assert drift.observe(Calibration(fixed_ms=0.0, per_candidate_ms=0.1), 10, 1.9) is None
+    assert drift.observe(model, 0, 0.0) is None and drift.queries == 0
+
+
+def test_a_rescaled_cost_model_round_trips_and_keeps_its_measurement():
+    measured = Calibration.fit([(1, 10.0), (10, 19.0), (100, 109.0)], max_candidates=100, key={"reranker": "x"},
+                               measured_at="2026-01-01T00:00:00+00:00")
+    rescaled = measured.rescaled(2.0).rescaled(1.5)
+    assert rescaled.scale == 3.0 and rescaled.points == ((1, 30.0), (10, 57.0), (100, 327.0))
+    assert rescaled.predict_ms(50) == pytest.approx(3 * measured.predict_ms(50))
+    assert rescaled.max_relative_error == pytest.approx(measured.max_relative_error)
+    assert Calibration.from_dict(rescaled.to_dict()) == rescaled
+    assert "3x as measured" in rescaled.describe()
+    legacy = measured.to_dict()
+    del legacy["scale"], legacy["rescaled_at"]
+    assert Calibration.from_dict(legacy) == measured
+    with pytest.raises(ValueError):
+        measured.rescaled(0.0)
