@@ -7,7 +7,7 @@ The layers, highest first (a module may import its own layer and those below; a 
 
     cli        every ``__main__.py``, ``_cli.py``
     analysis   bench, budget, explain, eval, train
-    search     search
+    search     search, pyterrier (the PyTerrier transformers: an integration over search and rerankers)
     rerankers  rerankers
     sidecar    sidecar
     base       models, index, formats, types and the low-level helpers (``_jvm``, ``_io``, ``_lazy``,
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 LAYERS = ("base", "sidecar", "rerankers", "search", "analysis", "cli")  # lowest first
 LAYER_OF_PACKAGE = {
     "bench": "analysis", "budget": "analysis", "explain": "analysis", "eval": "analysis", "train": "analysis",
-    "search": "search",
+    "search": "search", "pyterrier": "search",
     "rerankers": "rerankers",
     "sidecar": "sidecar",
     "models": "base", "index": "base", "formats": "base", "types": "base",

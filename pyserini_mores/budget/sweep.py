@@ -22,7 +22,7 @@ from .._io import write_text_atomic
 from ..eval.metrics import evaluate
 from ..formats import results_to_run
 from ..search.topic_search import percentile as _percentile
-from ..types import hits_to_texts, texts_to_hits
+from ..types import first_stage_hits
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ def run_sweep(searchers: dict[str, Any], topics: dict[str, str], qrels: dict[str
         first_stage = first.first_stage([topics[qid] for qid in batch], batch, k=depth, threads=threads)
         for qid in batch:
             # Plain Python hits, shared by every configuration (the reranking never mutates its input hits).
-            candidates = texts_to_hits(hits_to_texts(first_stage.get(qid, [])))
+            candidates = first_stage_hits(first_stage.get(qid, []))
             for label, budget in configs:
                 if cold_cache:
                     _evict_sidecar(searchers[label])

@@ -28,8 +28,8 @@ from ..models import (
 )
 from ..precision import resolve_device, resolve_precision
 from ..sidecar import BatchBuffer, SidecarRowMismatchError, open_sidecar
-from ..types import Query, Text
-from .base import Reranker
+from ..types import Query, Text, copy_candidates
+from .base import Reranker, string_candidates
 
 logger = logging.getLogger(__name__)
 
@@ -178,13 +178,12 @@ class ModelReranker(Reranker):
         after the deadline: the prediction is the time per candidate of the batches scored so far, or before the
         first, ``per_candidate_ms`` (e.g. the calibration's; ``None``: start it if time is left). Returns the texts
         scored in time — the first ``len(result)`` of ``texts`` — with new scores, best first (ties keep their
-        order); the others are not touched. :meth:`rerank` scores them all.
+        order), as new ``Text`` objects: ``texts`` are not modified. :meth:`rerank` scores them all.
         """
         query = query if isinstance(query, Query) else Query(query)
+        texts = copy_candidates(texts)
         if not texts:
             return []
-        for text in texts:
-            text.metadata.setdefault("first_stage_score", text.score)
         with torch.inference_mode(), self._autocast():
             scores = self._scores(query.text, texts, deadline=deadline, per_candidate_ms=per_candidate_ms)
         scored = texts[:len(scores)]
@@ -222,17 +221,34 @@ class ModelReranker(Reranker):
                         for key, value in numbers.items() if isinstance(value, torch.Tensor)
                     }
 
+    def score_documents(self, query: str, documents, doc_ids=None, batch_size: int | None = None) -> np.ndarray:
+        """As :meth:`Reranker.score_documents`: read from the sidecar when there is one and ``doc_ids`` name the
+        documents (docids of the sidecar's index), else encoded from ``documents``' text."""
+        texts = string_candidates(documents, doc_ids)
+        from_text = doc_ids is None or self.sidecar is None
+        if from_text and documents is None:
+            raise ValueError(f"reranker '{self.name}' has no sidecar to read doc_ids from: give the documents' texts")
+        if not texts:
+            return np.zeros(0, dtype=np.float32)
+        with torch.inference_mode(), self._autocast():
+            scores = self._scores(query, texts, from_text=from_text, batch_size=batch_size)
+        return scores.numpy().astype(np.float32, copy=False)
+
     def _scores(self, query: str, texts: list[Text], *, deadline: float | None = None,
-                per_candidate_ms: float | None = None) -> torch.Tensor:
-        """Scores of ``texts``; under a ``deadline`` (see :meth:`rerank_until`) of their first ``len(result)``."""
+                per_candidate_ms: float | None = None, from_text: bool = False,
+                batch_size: int | None = None) -> torch.Tensor:
+        """Scores of ``texts`` (from their text when ``from_text`` or without a sidecar), in batches of
+        ``batch_size`` (default: :attr:`batch_size`); under a ``deadline`` (see :meth:`rerank_until`) of their first
+        ``len(result)``."""
         model = self.scoring_model
+        batch_size = batch_size or self.batch_size
         if model.store_width is None:
             documents = [_require_text(text, self.name) for text in texts]
             return _concat([model.score_texts(query, documents[start:stop]).float().cpu()
-                            for start, stop in self._batches(len(documents), deadline, per_candidate_ms)])
-        if self.sidecar is None:
+                            for start, stop in self._batches(len(documents), deadline, per_candidate_ms, batch_size)])
+        if self.sidecar is None or from_text:
             query_state = model.encode_query(self._on_device(model.tokenize_queries([query])))
-            return self._score_from_text(query_state, texts, deadline, per_candidate_ms)
+            return self._score_from_text(query_state, texts, deadline, per_candidate_ms, batch_size)
         rows = self._sidecar_rows(texts)
         if deadline is not None:
             # What overshoots a deadline is cold reads, one page fault at a time: issue them all now, so that they
@@ -246,10 +262,10 @@ class ModelReranker(Reranker):
         lengths_of_rows = self.sidecar.lengths(rows)
         if deadline is None:
             order = np.argsort(lengths_of_rows, kind="stable")
-            chunks = (order[start:start + self.batch_size] for start in range(0, len(order), self.batch_size))
+            chunks = (order[start:start + batch_size] for start in range(0, len(order), batch_size))
         else:
             chunks = (start + np.argsort(lengths_of_rows[start:stop], kind="stable")
-                      for start, stop in self._batches(len(texts), deadline, per_candidate_ms))
+                      for start, stop in self._batches(len(texts), deadline, per_candidate_ms, batch_size))
         buffer = self._batch_buffer()
         scored = 0
         for chunk in chunks:
@@ -260,11 +276,12 @@ class ModelReranker(Reranker):
             scored += len(chunk)
         return scores if deadline is None else scores[:scored]
 
-    def _batches(self, count: int, deadline: float | None, per_candidate_ms: float | None
-                 ) -> Iterator[tuple[int, int]]:
+    def _batches(self, count: int, deadline: float | None, per_candidate_ms: float | None,
+                 batch_size: int | None = None) -> Iterator[tuple[int, int]]:
+        batch_size = batch_size or self.batch_size
         if deadline is None:
-            return ((start, min(count, start + self.batch_size)) for start in range(0, count, self.batch_size))
-        return paced_batches(count, self.batch_size, deadline, per_candidate_ms)
+            return ((start, min(count, start + batch_size)) for start in range(0, count, batch_size))
+        return paced_batches(count, batch_size, deadline, per_candidate_ms)
 
     def release_memory(self) -> None:
         """Drop every thread's batch memory (see the class docstring); the next batch allocates afresh."""
@@ -278,11 +295,11 @@ class ModelReranker(Reranker):
         return buffer
 
     def _score_from_text(self, query_state: Any, texts: list[Text], deadline: float | None = None,
-                         per_candidate_ms: float | None = None) -> torch.Tensor:
+                         per_candidate_ms: float | None = None, batch_size: int | None = None) -> torch.Tensor:
         model = self.scoring_model
         documents = [_require_text(text, self.name) for text in texts]
         scores = []
-        for start, stop in self._batches(len(documents), deadline, per_candidate_ms):
+        for start, stop in self._batches(len(documents), deadline, per_candidate_ms, batch_size):
             doc_reps = model.encode_documents(self._on_device(model.tokenize_documents(documents[start:stop])))
             docs, lengths = self._padded(doc_reps)
             scores.append(model.score(query_state, docs, lengths).float().cpu())

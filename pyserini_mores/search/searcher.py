@@ -12,12 +12,21 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
+from .._jvm import import_pyserini
 from .._model_args import format_model_arg
 from ..formats import RunFormat
 from ..index import ResolvedIndex, fetch_texts, index_identity, open_searcher, resolve_index
 from ..rerankers import Reranker, get_reranker
 from ..sidecar import SidecarContentMismatchError, default_sidecar_path, open_sidecar
-from ..types import Query, RerankedHit, RerankStats, hits_to_texts, texts_to_hits
+from ..types import (
+    Query,
+    RerankedHit,
+    RerankStats,
+    check_unique_docids,
+    first_stage_hits,
+    hits_to_texts,
+    texts_to_hits,
+)
 from .calibration import Calibration, CostDrift, calibrate, save_calibration
 from .first_stage import (
     DENSE_FIRST_STAGES,
@@ -59,11 +68,16 @@ class RerankingSearcher:
     """A first stage (BM25 with Pyserini, BM25 + RM3, a Pyserini dense index, its hybrid with BM25, or a run:
     :meth:`rerank_run`), then a learned reranker over the top ``rerank_depth`` hits.
 
-    ``search`` and ``batch_search`` have ``LuceneSearcher``'s signatures and return hits (``.docid``, ``.score``,
-    ``.lucene_docid``) that Pyserini's run writers accept. Hits below ``rerank_depth`` keep their BM25 order,
-    scored below every reranked hit. Every query goes through :meth:`rerank_hits`, which keeps nothing of the
-    query on the searcher: one searcher serves several threads at once, and :meth:`search_with_stats` and
-    :meth:`batch_search_with_stats` also return what the rerank stage did (:class:`~pyserini_mores.types.RerankStats`).
+    A drop-in for ``LuceneSearcher``: ``search`` and ``batch_search`` have its signatures and return hits with its
+    attributes (``.docid``, ``.score``, ``.lucene_docid``, ``.lucene_document``, and ``.raw``, ``.contents``) that
+    Pyserini's run writers accept; its other methods (``doc``, ``batch_doc``, ``doc_by_field``, ``set_bm25``,
+    ``set_qld``, ``set_rm3``, ``set_rocchio``, ``get_feedback_terms``, ``get_similarity``, ``num_docs``, ...) are the
+    first stage's Lucene searcher's, and those that change its scoring change the candidates reranked.
+
+    Hits below ``rerank_depth`` keep their BM25 order, scored below every reranked hit. Every query goes through
+    :meth:`rerank_hits`, which keeps nothing of the query on the searcher: one searcher serves several threads at
+    once, and :meth:`search_with_stats` and :meth:`batch_search_with_stats` also return what the rerank stage did
+    (:class:`~pyserini_mores.types.RerankStats`).
 
     Args:
         index: a Lucene index directory or a Pyserini prebuilt index name.
@@ -201,30 +215,48 @@ class RerankingSearcher:
     def num_docs(self) -> int:
         return self.searcher.num_docs
 
-    def search(self, q: str, k: int = 10) -> list[RerankedHit]:
+    def search(self, q: str, k: int = 10, query_generator=None, fields: dict | None = None,
+               strip_segment_id: bool = False, remove_dups: bool = False) -> list[RerankedHit]:
         """The top ``k`` hits for query text ``q``. A query without BM25 terms (blank, or stopwords only) gets no
-        hits, as from ``LuceneSearcher``, and the reranker is not called."""
-        return self.search_with_stats(q, k)[0]
+        hits, as from ``LuceneSearcher``, and the reranker is not called.
 
-    def search_with_stats(self, q: str, k: int = 10) -> tuple[list[RerankedHit], RerankStats]:
+        ``query_generator``, ``fields``, ``strip_segment_id`` and ``remove_dups`` go to the first stage's
+        ``LuceneSearcher.search`` (BM25 first stages only); the reranker reads the query text ``q``."""
+        return self.search_with_stats(q, k, query_generator=query_generator, fields=fields,
+                                      strip_segment_id=strip_segment_id, remove_dups=remove_dups)[0]
+
+    def search_with_stats(self, q: str, k: int = 10, query_generator=None, fields: dict | None = None,
+                          strip_segment_id: bool = False, remove_dups: bool = False
+                          ) -> tuple[list[RerankedHit], RerankStats]:
         """:meth:`search`, and what its rerank stage did."""
-        candidates = self.first_stage([q], ["q"], k)["q"] if self.dense_searcher is not None else \
-            self.searcher.search(q, k=self.candidate_depth(k))
+        _check_query_text(q)
+        lucene_options = dict(query_generator=query_generator, fields=fields or {},
+                              strip_segment_id=strip_segment_id, remove_dups=remove_dups)
+        if self.dense_searcher is not None:
+            self._refuse_lucene_options(query_generator, fields, strip_segment_id, remove_dups)
+            candidates = self.first_stage([q], ["q"], k)["q"]
+        else:
+            candidates = self.searcher.search(q, k=self.candidate_depth(k), **lucene_options)
         ranked, stats = self.rerank_hits(q, candidates)
         return ranked[:k], stats
 
-    def batch_search(self, queries: Sequence[str], qids: Sequence[str], k: int = 10,
-                     threads: int = 1) -> dict[str, list[RerankedHit]]:
+    def batch_search(self, queries: Sequence[str], qids: Sequence[str], k: int = 10, threads: int = 1,
+                     query_generator=None, fields: dict | None = None) -> dict[str, list[RerankedHit]]:
         """``{qid: top-k hits}``, in the order of ``qids``: BM25 on ``threads`` threads, then the queries reranked on
-        ``threads`` threads (each query's candidates in large batches). The hits do not depend on ``threads``."""
-        return {qid: ranked for qid, (ranked, _) in self.batch_search_with_stats(queries, qids, k, threads).items()}
+        ``threads`` threads (each query's candidates in large batches). The hits do not depend on ``threads``.
+        ``query_generator`` and ``fields`` go to the first stage's ``LuceneSearcher.batch_search``."""
+        return {qid: ranked for qid, (ranked, _) in self.batch_search_with_stats(
+            queries, qids, k, threads, query_generator=query_generator, fields=fields).items()}
 
     def batch_search_with_stats(self, queries: Sequence[str], qids: Sequence[str], k: int = 10,
-                                threads: int = 1) -> dict[str, tuple[list[RerankedHit], RerankStats]]:
+                                threads: int = 1, query_generator=None, fields: dict | None = None
+                                ) -> dict[str, tuple[list[RerankedHit], RerankStats]]:
         """:meth:`batch_search`, with what the rerank stage did for each query."""
         if len(queries) != len(qids):
             raise ValueError(f"{len(queries)} queries but {len(qids)} qids")
-        candidates = self.first_stage(queries, qids, k, threads)
+        for query in queries:
+            _check_query_text(query)
+        candidates = self.first_stage(queries, qids, k, threads, query_generator=query_generator, fields=fields)
 
         def search_one(query: str, qid: str) -> tuple[list[RerankedHit], RerankStats]:
             ranked, stats = self.rerank_hits(query, candidates.get(qid, []))
@@ -240,10 +272,16 @@ class RerankingSearcher:
         return dict(zip(qids, results))
 
     def first_stage(self, queries: Sequence[str], qids: Sequence[str], k: int = 10,
-                    threads: int = 1) -> dict[str, list]:
+                    threads: int = 1, query_generator=None, fields: dict | None = None) -> dict[str, list]:
         """The first stage's (BM25's, BM25 + RM3's, the dense index's or the hybrid's) candidates for each query: the
         top ``max(k, rerank_depth)`` (:meth:`candidate_depth`) Pyserini hits, by qid; a query without hits may be
-        absent. For callers that rerank them with :meth:`rerank_hits`."""
+        absent. For callers that rerank them with :meth:`rerank_hits`. ``query_generator`` and ``fields`` are
+        ``LuceneSearcher.batch_search``'s (BM25 first stages only)."""
+        if self.dense_searcher is not None:
+            self._refuse_lucene_options(query_generator, fields)
+        elif query_generator is not None or fields:
+            return self.searcher.batch_search(list(queries), list(qids), k=self.candidate_depth(k), threads=threads,
+                                              query_generator=query_generator, fields=fields or {})
         if self.hybrid_searcher is not None:
             return hybrid_candidates(self.hybrid_searcher, self.hybrid, queries, qids, self.candidate_depth(k),
                                      threads, self.rows_for_docids)
@@ -310,10 +348,14 @@ class RerankingSearcher:
         Returns every hit as a new :class:`RerankedHit` (``hits`` are not modified), and what the rerank stage
         did. Nothing of the query is kept on the searcher, so threads may call this at once.
 
+        Raises:
+            CandidateError: two hits with the same docid.
+
         Args:
             time_budget_ms: the budget for this query (as the constructor's); default: :attr:`time_budget_ms`.
         """
         hits = list(hits)
+        check_unique_docids(hit.docid for hit in hits)
         depth = self.depth_for(len(hits), time_budget_ms)
         budget = self.time_budget_ms if time_budget_ms is SEARCHER_BUDGET else time_budget_ms
         head = hits[:depth]
@@ -327,7 +369,9 @@ class RerankingSearcher:
         scored = len(reranked)
         if deadline is not None:
             self._observe_cost(scored, rerank_ms)
-        ranked = reranked + _below(reranked, texts_to_hits(hits_to_texts(hits[scored:])), start_rank=scored + 1)
+        ranked = reranked + _below(reranked, first_stage_hits(hits[scored:]), start_rank=scored + 1)
+        for hit in ranked:  # read from the index if asked for, as LuceneSearcher's hits carry it
+            hit.attach_document(reader=self._lucene_document)
         return ranked, RerankStats(candidates=len(hits), depth=depth, rerank_ms=rerank_ms, scored=scored,
                                    deadline_cut=scored < depth)
 
@@ -342,8 +386,9 @@ class RerankingSearcher:
         """
         if not hits:
             return []
-        texts = fetch_texts(self.searcher, [hit.docid for hit in hits]) if self.reranker.needs_text else None
-        candidates = hits_to_texts(hits, texts)
+        texts = fetch_texts(self.searcher, [hit.docid for hit in hits]) if self.reranker.needs_text else \
+            [None] * len(hits)
+        candidates = hits_to_texts(hits, texts=texts)
         rerank_until = getattr(self.reranker, "rerank_until", None)
         if deadline is None or rerank_until is None:
             ranked = self.reranker.rerank(Query(query), candidates)
@@ -412,8 +457,129 @@ class RerankingSearcher:
             return self.calibration
 
     def close(self) -> None:
+        """Close the reranker (its sidecar) and the Lucene searcher."""
         self.reranker.close()
         self.searcher.close()
+
+    # LuceneSearcher's API, beyond search: the first stage's Lucene searcher's business.
+
+    @classmethod
+    def from_prebuilt_index(cls, prebuilt_index_name: str, reranker: Reranker | str = "bm25", verbose: bool = False,
+                            **kwargs) -> RerankingSearcher:
+        """A searcher over a Pyserini prebuilt index (downloaded if not cached), as
+        ``LuceneSearcher.from_prebuilt_index``; ``kwargs`` are the constructor's. Unlike Pyserini's, an index that
+        cannot be had raises :class:`~pyserini_mores.index.IndexNotFoundError` instead of returning ``None``."""
+        if verbose:
+            logger.info("initializing prebuilt index %s", prebuilt_index_name)
+        return cls(prebuilt_index_name, reranker, **kwargs)
+
+    @staticmethod
+    def list_prebuilt_indexes() -> None:
+        """Print Pyserini's prebuilt sparse indexes (``LuceneSearcher.list_prebuilt_indexes``)."""
+        import_pyserini("pyserini.search.lucene").LuceneSearcher.list_prebuilt_indexes()
+
+    @property
+    def index_dir(self) -> str:
+        return self.searcher.index_dir
+
+    @property
+    def prebuilt_index_name(self) -> str | None:
+        return self.index.prebuilt_name
+
+    @property
+    def object(self):
+        """Anserini's ``SimpleSearcher`` (Java) under the first stage."""
+        return self.searcher.object
+
+    @property
+    def index_reader(self):
+        """Pyserini's ``LuceneIndexReader`` of the index."""
+        return self.searcher.index_reader
+
+    def doc(self, docid: str | int):
+        """The Pyserini ``Document`` of a collection docid (``str``) or Lucene docid (``int``), ``None`` if absent."""
+        return self.searcher.doc(docid)
+
+    def batch_doc(self, docids: list[str], threads: int) -> dict:
+        """``{docid: Document}`` for the docids the index holds, fetched on ``threads`` threads."""
+        return self.searcher.batch_doc(docids, threads)
+
+    def doc_by_field(self, field: str, q: str):
+        """The Pyserini ``Document`` whose ``field`` is ``q``, ``None`` if none."""
+        return self.searcher.doc_by_field(field, q)
+
+    def set_bm25(self, k1: float = 0.9, b: float = 0.4) -> None:
+        """Score the first stage with BM25 (``k1``, ``b``)."""
+        self.searcher.set_bm25(float(k1), float(b))
+        self.k1, self.b = float(k1), float(b)
+
+    def set_qld(self, mu: float = 1000.0) -> None:
+        """Score the first stage with query likelihood, Dirichlet smoothing ``mu``."""
+        self.searcher.set_qld(float(mu))
+
+    def set_rm3(self, fb_terms: int = 10, fb_docs: int = 10, original_query_weight: float = 0.5,
+                debug: bool = False, filter_terms: bool = True) -> None:
+        """Expand the first stage's queries with RM3 (Pyserini's ``set_rm3``; the index must store document
+        vectors): the candidates reranked become BM25 + RM3's."""
+        self._require_lucene_first_stage("set_rm3")
+        rm3 = Rm3(fb_terms, fb_docs, original_query_weight)
+        self.searcher.set_rm3(fb_terms, fb_docs, float(original_query_weight), debug=debug, filter_terms=filter_terms)
+        self.rm3 = rm3
+        if self.first_stage_name == "bm25":
+            self.first_stage_name = "bm25+rm3"
+
+    def unset_rm3(self) -> None:
+        """Stop expanding the first stage's queries with RM3."""
+        self.searcher.unset_rm3()
+        self.rm3 = None
+        if self.first_stage_name == "bm25+rm3":
+            self.first_stage_name = "bm25"
+
+    def is_using_rm3(self) -> bool:
+        return bool(self.searcher.is_using_rm3())
+
+    def set_rocchio(self, top_fb_terms: int = 10, top_fb_docs: int = 10, bottom_fb_terms: int = 10,
+                    bottom_fb_docs: int = 10, alpha: float = 1, beta: float = 0.75, gamma: float = 0,
+                    debug: bool = False, use_negative: bool = False) -> None:
+        """Expand the first stage's queries with Rocchio feedback (Pyserini's ``set_rocchio``)."""
+        self._require_lucene_first_stage("set_rocchio")
+        self.searcher.set_rocchio(top_fb_terms, top_fb_docs, bottom_fb_terms, bottom_fb_docs, alpha, beta, gamma,
+                                  debug, use_negative)
+
+    def unset_rocchio(self) -> None:
+        self.searcher.unset_rocchio()
+
+    def is_using_rocchio(self) -> bool:
+        return bool(self.searcher.is_using_rocchio())
+
+    def get_feedback_terms(self, q: str) -> dict[str, float] | None:
+        """The first stage's feedback terms for ``q`` and their weights (with RM3 on), else ``None``."""
+        return self.searcher.get_feedback_terms(q)
+
+    def get_similarity(self):
+        """The Lucene ``Similarity`` the first stage scores with."""
+        return self.searcher.get_similarity()
+
+    def set_analyzer(self, analyzer) -> None:
+        self.searcher.set_analyzer(analyzer)
+
+    def set_language(self, language: str) -> None:
+        self.searcher.set_language(language)
+
+    def _lucene_document(self, lucene_docid: int):
+        """The stored Lucene ``Document`` (Java) at a row, as ``JScoredDoc.lucene_document``."""
+        return self.searcher.object.doc(int(lucene_docid))
+
+    def _require_lucene_first_stage(self, method: str) -> None:
+        if self.dense_searcher is not None and self.hybrid_searcher is None:
+            raise ValueError(f"{method} changes the BM25 first stage, but this searcher's first stage is "
+                             f"{self.first_stage_name!r}")
+
+    def _refuse_lucene_options(self, query_generator=None, fields=None, strip_segment_id=False,
+                               remove_dups=False) -> None:
+        if query_generator is not None or fields or strip_segment_id or remove_dups:
+            raise ValueError("query_generator, fields, strip_segment_id and remove_dups are LuceneSearcher.search's "
+                             f"options: the {self.first_stage_name} first stage does not take them")
 
 
 _Result = TypeVar("_Result")
@@ -433,6 +599,11 @@ def _leaving_the_jvm(function: Callable[..., _Result]) -> Callable[..., _Result]
             detach()
 
     return run
+
+
+def _check_query_text(q) -> None:
+    if not isinstance(q, str):
+        raise TypeError(f"the reranker needs the query's text: search with a string, not a {type(q).__name__}")
 
 
 def _below(head: list[RerankedHit], tail: list[RerankedHit], start_rank: int) -> list[RerankedHit]:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from ..types import RerankedHit, RerankStats, hits_to_texts, texts_to_hits
+from ..types import RerankedHit, RerankStats, first_stage_hits
 
 
 @dataclass
@@ -45,7 +45,7 @@ def search_topics(searcher, topics: dict[str, str], *, hits: int = 1000, batch_s
         for qid in batch:
             first_stage = list(batch_candidates.get(qid, []))
             if keep_bm25:
-                found.bm25[qid] = texts_to_hits(hits_to_texts(first_stage[:hits]))
+                found.bm25[qid] = first_stage_hits(first_stage[:hits])
             ranked, found.stats[qid] = searcher.rerank_hits(topics[qid], first_stage)
             found.results[qid] = ranked[:hits]
             if after_query is not None:
