@@ -19,6 +19,7 @@ _EXPORTS = {
     "Text": "pyserini_mores.types",
     "RerankedHit": "pyserini_mores.types",
     "hits_to_texts": "pyserini_mores.types",
+    "CandidateError": "pyserini_mores.types",
     "Reranker": "pyserini_mores.rerankers",
     "get_reranker": "pyserini_mores.rerankers",
     "list_rerankers": "pyserini_mores.rerankers",
