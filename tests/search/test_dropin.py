@@ -107,7 +107,7 @@ def test_options_a_first_stage_cannot_take_and_query_objects_are_refused(tiny_in
 
 
 def test_duplicate_docids_in_a_run_are_one_clear_error(tiny_index):
-    searcher = RerankingSearcher(tiny_index, "bm25", rerank_depth=5)
+    searcher = RerankingSearcher(tiny_index, "bm25", rerank_depth=1)  # the second d04 is below the rerank depth
     with pytest.raises(CandidateError, match="candidates 0 and 2 have the same docid 'd04': each candidate must be a "
                                              "different document"):
         searcher.rerank_run({"q": [("d04", 3.0), ("d05", 2.0), ("d04", 1.0)]}, {"q": "text editor"})
