@@ -293,7 +293,7 @@ def format_sharded_summary(manifest: ShardedManifest, path: str | Path,
     legacy = [shard for shard in shard_manifests if shard is not None and shard.lacks]
     if legacy:
         version = min(shard.format_version for shard in legacy)
-        subject = f"{len(legacy)} of {len(manifest.shards)} shards"
+        subject = f"{len(legacy)} of {len(manifest.shards)} shards are format {version}: they have"
         lines.append(f"integrity   {legacy_notice(path, version, subject)}")
     for number, (entry, shard) in enumerate(zip(manifest.shards, shard_manifests)):
         size = _human(sum(file.bytes for file in shard.files.values())) if shard is not None else "unreadable"
@@ -340,7 +340,7 @@ def format_summary(manifest: Manifest, path: str | Path) -> str:
 def _integrity(manifest: Manifest, path: str | Path) -> str:
     """What the sidecar's reads are checked against, or what its older format lacks."""
     if manifest.lacks:
-        return legacy_notice(path, manifest.format_version, "this sidecar")
+        return legacy_notice(path, manifest.format_version, f"this sidecar is format {manifest.format_version}: it has")
     texts = "document text hashes" if manifest.index.get("content") else "no document text hashes (index without text)"
     return f"block checksums checked on first read, manifest checksum, {texts}"
 

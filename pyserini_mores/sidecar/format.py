@@ -392,9 +392,9 @@ def _check_legacy_fields(data: Mapping[str, Any], version: int, source: str) -> 
 
 def legacy_notice(path: str | os.PathLike, version: int, subject: str | None = None) -> str:
     """One line on what a sidecar of older format ``version`` at ``path`` lacks and what to run about it
-    (``subject``: how the line names it, default ``sidecar PATH``)."""
-    subject = subject or f"sidecar {path}"
-    return (f"{subject} is format {version}: it has no {LEGACY_FORMATS[version]}, so damaged bytes and changed "
+    (``subject``: how the line starts, up to "has" or "have"; default ``sidecar PATH is format 1: it has``)."""
+    subject = subject or f"sidecar {path} is format {version}: it has"
+    return (f"{subject} no {LEGACY_FORMATS[version]}, so damaged bytes and changed "
             f"document texts are not detected at search time; `python -m pyserini_mores.sidecar verify {path} "
             f"--index INDEX` checks its files whole, `python -m pyserini_mores.sidecar build ... --output {path} "
             f"--overwrite` rebuilds it in format {FORMAT_VERSION}")

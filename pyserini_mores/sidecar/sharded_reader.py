@@ -94,7 +94,8 @@ class ShardedSidecarReader(ManifestMetadata):
         legacy = [shard for shard in self.shards if shard.manifest.lacks]
         if legacy:
             self._format_version = min(shard.format_version for shard in self.shards)
-            subject = f"sharded sidecar {self.path} ({len(legacy)} of {len(self.shards)} shards)"
+            subject = (f"sharded sidecar {self.path} has {len(legacy)} of {len(self.shards)} shards in format "
+                       f"{self._format_version}: they have")
             notice = legacy_notice(self.path, self._format_version, subject)
             warn_legacy_once(self.path, notice)
 
