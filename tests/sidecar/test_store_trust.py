@@ -289,6 +289,32 @@ def test_absurd_values_in_a_format_1_manifest_are_one_error_line(indexed, tiny_m
     assert message in _one_error_line(capsys.readouterr().err)
 
 
+def test_a_sidecar_written_by_the_format_1_writer_opens_and_verifies(tmp_path, caplog):
+    """``tests/resources/sidecar_format_1`` was written by the format 1 ``SidecarWriter`` (before format 2) from the
+    vectors below: 20 documents of 0 to 8 tokens, dim 8, stored as float16."""
+    from pyserini_mores.sidecar import SidecarMismatchError, verify_sidecar
+
+    rng = np.random.default_rng(0)
+    docids = [f"d{row:02d}" for row in range(20)]
+    docs = [rng.standard_normal((int(rng.integers(0, 9)), 8)).astype(np.float32) for _ in docids]
+    legacy = tmp_path / "v1"
+    shutil.copytree(RESOURCES / "sidecar_format_1", legacy)
+    identity = {"num_docs": 20, "signature": "s" * 64, "content": "c" * 64}  # as a text-storing index has now
+    with caplog.at_level(logging.INFO):
+        reader = SidecarReader(legacy, expect_index=identity, expect_dtype="float16", expect_dim=8)
+    assert reader.format_version == 1 and len(_legacy_warnings(caplog, legacy)) == 1
+    assert [len(reader.get(row)) for row in range(20)] == [len(doc) for doc in docs]
+    for row, doc in enumerate(docs):
+        assert np.array_equal(reader.get(row), doc.astype(np.float16))
+    assert reader.docids(range(20)) == docids and reader.rows_for_docids(["d07", "x"]).tolist() == [7, -1]
+    with pytest.raises(SidecarMismatchError, match="built for another index"):
+        SidecarReader(legacy, expect_index={**identity, "signature": "t" * 64})
+    assert verify_sidecar(legacy) == []
+    _flip(legacy / "docids_sorted_rows.bin", 8 * 3)
+    assert [problem.split(":")[:2] for problem in verify_sidecar(legacy)][0] == ["docids_sorted_rows.bin",
+                                                                               " checksum mismatch"]
+
+
 def test_blocks_are_checked_on_first_read_and_remembered(tmp_path):
     from pyserini_mores.sidecar import SidecarIntegrityError
 
