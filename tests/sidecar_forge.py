@@ -1,5 +1,6 @@
-"""Test helper: re-seal a sidecar manifest edited by a test (its ``manifest_sha256`` and ``checksums.bin``), to
-simulate a writer that wrote a consistent but wrong manifest, which the checks behind the manifest checksum catch."""
+"""Test helpers: re-seal a sidecar manifest edited by a test (its ``manifest_sha256`` and ``checksums.bin``), to
+simulate a writer that wrote a consistent but wrong manifest, which the checks behind the manifest checksum catch;
+and turn a sidecar into the format 1 layout that sidecars built before format 2 have."""
 from __future__ import annotations
 
 import json
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pyserini_mores.sidecar.format import BLOCK_CHECKSUMS, MANIFEST, Manifest, file_checksum, manifest_digest
+from pyserini_mores.sidecar.format import BLOCK_CHECKSUMS, CONTENT, MANIFEST, Manifest, file_checksum, manifest_digest
 from pyserini_mores.sidecar.integrity import block_crcs
 
 
@@ -24,3 +25,33 @@ def reseal(path: Path) -> None:
                                       "dtype": "<u4", "shape": [len(table)]}
     data["manifest_sha256"] = manifest_digest(data)
     (path / MANIFEST).write_text(json.dumps(data))
+
+
+def to_format_1(path: Path) -> None:
+    """Turn the format 2 sidecar at ``path`` into the format 1 layout it would have had: no ``checksums.bin``, no
+    ``content_hashes.bin``, no ``manifest_sha256``, an index identity of docids only, whole-file checksums only.
+    The files that stay are byte for byte what format 1 wrote (the same writer, the same sha256-blocks)."""
+    data = json.loads((path / MANIFEST).read_text())
+    for name in (BLOCK_CHECKSUMS, CONTENT):
+        (path / name).unlink(missing_ok=True)
+        data["files"].pop(name, None)
+    del data["manifest_sha256"]
+    data["index"].pop("content", None)
+    data["checksum"] = {"algorithm": data["checksum"]["algorithm"], "block_bytes": data["checksum"]["block_bytes"]}
+    data["format_version"] = 1
+    (path / MANIFEST).write_text(json.dumps(data, indent=2))
+
+
+def sharded_to_format_1(path: Path) -> None:
+    """Turn every shard of the sharded sidecar at ``path`` into format 1 (:func:`to_format_1`) and its top-level
+    manifest into what assembling those shards wrote: their identity of docids only, their content ids."""
+    from pyserini_mores.sidecar.format import read_manifest
+    from pyserini_mores.sidecar.shards import read_sharded_manifest, shard_content_id
+
+    sharded = read_sharded_manifest(path)
+    data = json.loads((path / MANIFEST).read_text())
+    data["index"].pop("content", None)
+    for entry, record in zip(sharded.shards, data["shards"]):
+        to_format_1(entry.resolve(path))
+        record["content"] = shard_content_id(read_manifest(entry.resolve(path)))
+    (path / MANIFEST).write_text(json.dumps(data, indent=2))

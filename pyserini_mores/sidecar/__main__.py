@@ -24,6 +24,7 @@ from .format import (
     Manifest,
     SidecarError,
     check_directory,
+    legacy_notice,
     read_manifest,
     short_hash,
     size_problems,
@@ -289,9 +290,16 @@ def format_sharded_summary(manifest: ShardedManifest, path: str | Path,
         f"encoded     {_encoding(manifest.build)}",
         f"build       {_pairs(manifest.build) or '-'}",
     ]
+    legacy = [shard for shard in shard_manifests if shard is not None and shard.lacks]
+    if legacy:
+        version = min(shard.format_version for shard in legacy)
+        subject = f"{len(legacy)} of {len(manifest.shards)} shards are format {version}: they have"
+        lines.append(f"integrity   {legacy_notice(path, version, subject)}")
     for number, (entry, shard) in enumerate(zip(manifest.shards, shard_manifests)):
         size = _human(sum(file.bytes for file in shard.files.values())) if shard is not None else "unreadable"
-        lines.append(f"shard {number:<5} rows [{entry.row_start:,}, {entry.row_end:,}), {size}: {entry.path}")
+        version = f", format {shard.format_version}" if shard is not None and shard.lacks else ""
+        lines.append(f"shard {number:<5} rows [{entry.row_start:,}, {entry.row_end:,}), {size}{version}: "
+                     f"{entry.path}")
     return "\n".join(lines)
 
 
@@ -306,6 +314,7 @@ def format_summary(manifest: Manifest, path: str | Path) -> str:
         f"sidecar     {path}",
         f"format      {manifest.format} v{manifest.format_version}, created {manifest.created or '?'}"
         f" by {manifest.library.get('name', '?')} {manifest.library.get('version', '')}".rstrip(),
+        f"integrity   {_integrity(manifest, path)}",
         f"model       {model.get('model_type')} (variant {model.get('store_variant')}), "
         f"fingerprint {short_hash(manifest.model_fingerprint)}",
     ]
@@ -326,6 +335,14 @@ def format_summary(manifest: Manifest, path: str | Path) -> str:
                      f"{shard.get('row_end')}) of {shard.get('num_docs')}, build {shard.get('build_id')} "
                      f"(open the sidecar assembled from its shards)")
     return "\n".join(lines)
+
+
+def _integrity(manifest: Manifest, path: str | Path) -> str:
+    """What the sidecar's reads are checked against, or what its older format lacks."""
+    if manifest.lacks:
+        return legacy_notice(path, manifest.format_version, f"this sidecar is format {manifest.format_version}: it has")
+    texts = "document text hashes" if manifest.index.get("content") else "no document text hashes (index without text)"
+    return f"block checksums checked on first read, manifest checksum, {texts}"
 
 
 def _encoding(build: dict[str, Any]) -> str:

@@ -23,6 +23,10 @@ has no blocks); unlike a plain sha256 it can be carried across an interrupted bu
 ``checksums.bin`` holds the crc32 of every ``read_block_bytes`` block of each data file, in :attr:`Manifest.block_files`
 order, over the raw bytes (whatever the codec): a reader checks a block the first time it reads from it. The
 manifest's own ``manifest_sha256`` covers every other field, so an edited dtype, width or count is refused.
+
+Format 1 (:data:`LEGACY_FORMATS`) had neither ``checksums.bin`` nor ``content_hashes.bin`` nor ``manifest_sha256``,
+and its index identity covers docids only; it still opens, its values range-checked like format 2's, and its readers
+say what it lacks (:func:`legacy_notice`).
 """
 from __future__ import annotations
 
@@ -41,6 +45,10 @@ from ..errors import UserFixableError
 
 FORMAT_NAME = "pyserini-mores-sidecar"
 FORMAT_VERSION = 2
+# Older formats this package still opens, each with what it lacks against FORMAT_VERSION.
+LEGACY_FORMATS: dict[int, str] = {
+    1: "block checksums, manifest checksum or document text hashes",
+}
 
 MANIFEST = "manifest.json"
 TOKENS = "tokens.bin"
@@ -211,13 +219,23 @@ class Manifest:
     @property
     def data_files(self) -> tuple[str, ...]:
         """Every file the manifest describes (and checksums)."""
-        return (*self.block_files, BLOCK_CHECKSUMS)
+        return (*self.block_files, BLOCK_CHECKSUMS) if self.has_block_checksums else self.block_files
 
     @property
     def block_files(self) -> tuple[str, ...]:
         """The files ``checksums.bin`` covers, in its order."""
         return (tuple(name for name in DATA_FILES if name != BLOCK_CHECKSUMS) + ((CODEC,) if self.compressed else ())
                 + ((CONTENT,) if self.index.get("content") else ()))
+
+    @property
+    def has_block_checksums(self) -> bool:
+        """Whether the sidecar has ``checksums.bin`` (format 2 on; format 1 has whole-file checksums only)."""
+        return self.format_version >= 2
+
+    @property
+    def lacks(self) -> str | None:
+        """What an older format lacks against :data:`FORMAT_VERSION` (None for the current format)."""
+        return LEGACY_FORMATS.get(self.format_version)
 
     @property
     def block_bytes(self) -> int:
@@ -246,6 +264,8 @@ class Manifest:
             del data["shard"]  # unsharded manifests stay exactly as before shards existed
         if not data["codec"]:
             del data["codec"]  # so do uncompressed ones
+        if not data["manifest_sha256"]:
+            del data["manifest_sha256"]  # and format 1 ones, which have no manifest checksum
         return {**head, **data}
 
     def sealed(self) -> dict[str, Any]:
@@ -262,14 +282,14 @@ class Manifest:
         version = data.get("format_version")
         if not isinstance(version, int):
             raise SidecarCorruptError(f"{source}: field 'format_version' is missing or not an integer")
-        if version != FORMAT_VERSION:
-            hint = ("upgrade pyserini_mores to read it" if version > FORMAT_VERSION
-                    else "it has no block checksums, manifest checksum or document text hashes, so damaged bytes "
-                         "and stale vectors would go unnoticed; rebuild it with this version "
-                         "(`python -m pyserini_mores.sidecar build ... --overwrite`)")
+        if version > FORMAT_VERSION:
             raise SidecarMismatchError(
                 f"{source}: sidecar format_version is {version}, this pyserini_mores reads version "
-                f"{FORMAT_VERSION}; {hint}")
+                f"{FORMAT_VERSION}; upgrade pyserini_mores to read it")
+        if version != FORMAT_VERSION and version not in LEGACY_FORMATS:
+            raise SidecarCorruptError(f"{source}: field 'format_version' is {version}, not a sidecar format "
+                                      f"version ({', '.join(map(str, sorted(LEGACY_FORMATS)))} or {FORMAT_VERSION})")
+        legacy = version != FORMAT_VERSION
         required = {"dim": int, "dtype": str, "num_docs": int, "num_tokens": int, "docid_width": int,
                     "files": dict, "model": dict, "index": dict}
         for name, kind in required.items():
@@ -278,6 +298,8 @@ class Manifest:
         for name in ("shard", "codec", "checksum", "build", "library"):
             if not isinstance(data.get(name, {}), dict):
                 raise SidecarCorruptError(f"{source}: field '{name}' is not a JSON object")
+        if legacy:
+            _check_legacy_fields(data, version, source)
         _check_ranges(data, source)
         if data["dtype"] not in STORAGE_DTYPES and data["dtype"] not in CODEC_DTYPES:
             raise SidecarCorruptError(f"{source}: field 'dtype' is {data['dtype']!r}, expected one of "
@@ -290,7 +312,8 @@ class Manifest:
             raise SidecarCorruptError(f"{source}: field 'codec' is missing or incomplete for dtype "
                                       f"{data['dtype']!r} (needs name, code_size and parameter_count)")
         files = {}
-        names = DATA_FILES + ((CODEC,) if compressed else ()) + ((CONTENT,) if data["index"].get("content") else ())
+        names = (tuple(name for name in DATA_FILES if not (legacy and name == BLOCK_CHECKSUMS))
+                 + ((CODEC,) if compressed else ()) + ((CONTENT,) if data["index"].get("content") else ()))
         for name in names:
             entry = data["files"].get(name)
             if not (isinstance(entry, dict) and _int_in(entry.get("bytes"), 0, MAX_FILE_BYTES)
@@ -308,7 +331,7 @@ class Manifest:
                                       f"sidecar (num_docs, num_tokens, dim or docid_width is wrong)")
         # Last: a field edited to an impossible value is named above; a plausible edit is caught here.
         recorded = data.get("manifest_sha256")
-        if recorded != manifest_digest(data):
+        if not legacy and recorded != manifest_digest(data):
             raise SidecarCorruptError(
                 f"{source}: the manifest's checksum (manifest_sha256) does not match its content: it was edited or "
                 f"damaged after the build, and its dtype, widths or counts cannot be trusted; rebuild the sidecar "
@@ -330,8 +353,10 @@ class Manifest:
             layout[CODEC] = (CODEC_PARAMETER_DTYPE, (int(self.codec["parameter_count"]),))
         if self.index.get("content"):
             layout[CONTENT] = (CONTENT_DTYPE, (self.num_docs,))
-        blocks = sum(-(-math.prod(shape) * dtype.itemsize // self.read_block_bytes) for dtype, shape in layout.values())
-        layout[BLOCK_CHECKSUMS] = (BLOCK_CHECKSUM_DTYPE, (blocks,))
+        if self.has_block_checksums:
+            blocks = sum(-(-math.prod(shape) * dtype.itemsize // self.read_block_bytes)
+                         for dtype, shape in layout.values())
+            layout[BLOCK_CHECKSUMS] = (BLOCK_CHECKSUM_DTYPE, (blocks,))
         return layout
 
     def expected_bytes(self) -> dict[str, int]:
@@ -348,6 +373,31 @@ def _positive_int(value: Any) -> bool:
 
 def _int_in(value: Any, low: int, high: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _check_legacy_fields(data: Mapping[str, Any], version: int, source: str) -> None:
+    """Refuse an older-format manifest that carries what only a later format writes: a newer manifest whose
+    version was edited down, which would otherwise skip the checks that the newer fields enable."""
+    newer = ([name for name in ("manifest_sha256",) if name in data]
+             + [f"index.{name}" for name in ("content",) if name in data["index"]]
+             + [f"files.{name}" for name in (BLOCK_CHECKSUMS, CONTENT) if name in data["files"]]
+             + [f"checksum.{name}" for name in ("read_algorithm", "read_block_bytes")
+                if name in data.get("checksum", {})])
+    if newer:
+        raise SidecarCorruptError(
+            f"{source}: format_version is {version} but the manifest holds {', '.join(newer)}, which format "
+            f"{version} does not have: its version was edited; rebuild the sidecar "
+            f"(`python -m pyserini_mores.sidecar build ... --overwrite`)")
+
+
+def legacy_notice(path: str | os.PathLike, version: int, subject: str | None = None) -> str:
+    """One line on what a sidecar of older format ``version`` at ``path`` lacks and what to run about it
+    (``subject``: how the line starts, up to "has" or "have"; default ``sidecar PATH is format 1: it has``)."""
+    subject = subject or f"sidecar {path} is format {version}: it has"
+    return (f"{subject} no {LEGACY_FORMATS[version]}, so damaged bytes and changed "
+            f"document texts are not detected at search time; `python -m pyserini_mores.sidecar verify {path} "
+            f"--index INDEX` checks its files whole, `python -m pyserini_mores.sidecar build ... --output {path} "
+            f"--overwrite` rebuilds it in format {FORMAT_VERSION}")
 
 
 def _check_ranges(data: Mapping[str, Any], source: str) -> None:
@@ -448,15 +498,22 @@ def check_directory(path: str | os.PathLike) -> None:
 
 def check_expectations(manifest: Manifest, path: str | os.PathLike, *, model_fingerprint: str | None = None,
                        index: Mapping[str, Any] | None = None, dtype: str | None = None,
-                       dim: int | None = None) -> None:
-    """Raise :class:`SidecarMismatchError` when the sidecar was built for another model, index, dtype or dim."""
+                       dim: int | None = None, format_version: int | None = None) -> None:
+    """Raise :class:`SidecarMismatchError` when the sidecar was built for another model, index, dtype or dim.
+
+    ``format_version`` is the sidecar format whose index identity ``manifest.index`` follows (default: the
+    manifest's own; a sharded sidecar's is its shards'): format 1 identities cover docids only, so the index's
+    ``content`` digest is left out of the comparison.
+    """
+    if format_version is None:  # a sharded manifest's own version is that of the sharded format, not its shards'
+        format_version = manifest.format_version if isinstance(manifest, Manifest) else FORMAT_VERSION
     if model_fingerprint is not None and manifest.model_fingerprint != model_fingerprint:
         raise SidecarMismatchError(
             f"sidecar {path} was built for another model: its model fingerprint is "
             f"{short_hash(manifest.model_fingerprint)} (model_type={manifest.model.get('model_type')!r}, "
             f"store_variant={manifest.model.get('store_variant')!r}) but the model in use has fingerprint "
             f"{short_hash(model_fingerprint)}; the sidecar must be rebuilt for this model")
-    if index is not None and json_normalized(dict(index)) != json_normalized(manifest.index):
+    if index is not None and json_normalized(_comparable(index, format_version)) != json_normalized(manifest.index):
         built, now = manifest.index, dict(index)
         if (built.get("content") and now.get("content") and built.get("num_docs") == now.get("num_docs")
                 and built.get("signature") == now.get("signature")):
@@ -474,6 +531,13 @@ def check_expectations(manifest: Manifest, path: str | os.PathLike, *, model_fin
         raise SidecarMismatchError(
             f"sidecar {path} stores vectors of dim {manifest.dim} but dim {dim} was expected "
             f"(the model's store width)")
+
+
+def _comparable(index: Mapping[str, Any], format_version: int) -> dict[str, Any]:
+    """The part of an index identity that a sidecar of ``format_version`` records."""
+    if format_version >= 2:
+        return dict(index)
+    return {key: value for key, value in index.items() if key != "content"}
 
 
 REBUILD_ADVICE = ("rebuild it: `python -m pyserini_mores.sidecar build --index INDEX --reranker NAME --model MODEL "

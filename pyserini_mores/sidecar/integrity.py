@@ -114,3 +114,19 @@ class BlockChecker:
         shown = ", ".join(str(block) for block in bad[:5])
         return [f"{name}: {len(bad)} block(s) of {self.block_bytes} bytes do not match {BLOCK_CHECKSUMS} "
                 f"(blocks {shown}{', ...' if len(bad) > 5 else ''})"]
+
+
+class UncheckedBlocks:
+    """A format 1 sidecar's stand-in for :class:`BlockChecker`: it has no ``checksums.bin``, so reads are served
+    unchecked (its whole-file checksums are checked by ``verify``)."""
+
+    def check_ranges(self, name: str, starts: np.ndarray, ends: np.ndarray) -> None:
+        pass
+
+    def check_file(self, name: str, array: np.ndarray | None = None) -> None:
+        pass
+
+
+def block_checker(path: Path, manifest: Manifest, array: Callable[[str], np.ndarray]) -> BlockChecker | UncheckedBlocks:
+    """The read-path checker of the sidecar at ``path``: a :class:`BlockChecker` when it has block checksums."""
+    return BlockChecker(path, manifest, array) if manifest.has_block_checksums else UncheckedBlocks()

@@ -35,11 +35,12 @@ from .format import (
     SidecarMismatchError,
     check_directory,
     check_expectations,
+    legacy_notice,
     offset_problems,
     read_manifest,
     size_problems,
 )
-from .integrity import BlockChecker, SidecarIntegrityError
+from .integrity import SidecarIntegrityError, block_checker
 
 if TYPE_CHECKING:
     import torch
@@ -82,13 +83,19 @@ class ManifestMetadata:
     def index(self) -> dict[str, Any]:
         return self.manifest.index
 
+    @property
+    def format_version(self) -> int:
+        """The sidecar format of the stored files (a sharded sidecar's oldest shard's)."""
+        return self.manifest.format_version
+
     def check_built_for(self, *, model_fingerprint: str | None = None,
                         index: Mapping[str, Any] | None = None) -> None:
         """Refuse (:class:`SidecarMismatchError`) when the sidecar was built by another model or for another index
         than given: the checks of opening with ``expect_model_fingerprint`` / ``expect_index``, for a reader that
         was opened without them."""
         try:
-            check_expectations(self.manifest, self.path, model_fingerprint=model_fingerprint, index=index)
+            check_expectations(self.manifest, self.path, model_fingerprint=model_fingerprint, index=index,
+                               format_version=self.format_version)
         except SidecarContentMismatchError as error:
             raise self.changed_documents_error(error, index) from None
 
@@ -171,7 +178,7 @@ class SidecarReader(ManifestMetadata):
         self._maps: dict[str, Any] = {}  # memmaps by file name, and their torch view
         self._codec = None  # a compressed sidecar's trained codec, loaded on first decode
         # Every byte a read hands out is checked against checksums.bin the first time its block is read.
-        self._blocks = BlockChecker(self.path, self.manifest, self._array)
+        self._blocks = block_checker(self.path, self.manifest, self._array)
         # Every read trusts the offsets (a row's slice of tokens.bin, its length): a damaged offsets.bin of the right
         # size would hand out other documents' vectors or empty ones. One vectorised pass over num_docs + 1 int64 says
         # how they break the format (a writer's bug would not show in a checksum computed after it), then their
@@ -189,6 +196,8 @@ class SidecarReader(ManifestMetadata):
             _ = self.codec
         if stale is not None:
             raise self.changed_documents_error(stale, expect_index)
+        if self.manifest.lacks and not self._part_of_sharded:  # a sharded sidecar says it once for its shards
+            warn_legacy_once(self.path, legacy_notice(self.path, self.manifest.format_version))
 
     # ---- metadata (num_docs, num_tokens, dim, dtype, model, index: ManifestMetadata) ---------------------------
     @property
@@ -501,6 +510,18 @@ class SidecarReader(ManifestMetadata):
 
     def _check_rows(self, rows: Sequence[int] | np.ndarray) -> np.ndarray:
         return checked_rows(rows, self.num_docs, self.path)
+
+
+_WARNED_LEGACY: set[str] = set()
+
+
+def warn_legacy_once(path: Path, notice: str) -> None:
+    """Log ``notice`` (what an older-format sidecar lacks) at WARNING, once per sidecar per process: every open of
+    it (workers, re-opens after a check) would otherwise repeat it."""
+    key = os.path.realpath(path)
+    if key not in _WARNED_LEGACY:
+        _WARNED_LEGACY.add(key)
+        logger.warning(notice)
 
 
 def checked_rows(rows: Sequence[int] | np.ndarray, num_docs: int, path: Path) -> np.ndarray:

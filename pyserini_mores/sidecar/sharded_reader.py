@@ -17,9 +17,26 @@ from .format import (
     SidecarNotFoundError,
     check_directory,
     check_expectations,
+    legacy_notice,
 )
-from .reader import BatchBuffer, ManifestMetadata, SidecarReader, check_heads, checked_rows, head_major, torch_dtype
-from .shards import coverage_problems, entry_problem, is_sharded, read_sharded_manifest, rows_text
+from .reader import (
+    BatchBuffer,
+    ManifestMetadata,
+    SidecarReader,
+    check_heads,
+    checked_rows,
+    head_major,
+    torch_dtype,
+    warn_legacy_once,
+)
+from .shards import (
+    coverage_problems,
+    entry_problem,
+    is_sharded,
+    read_sharded_manifest,
+    rows_text,
+    shards_format_version,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -55,10 +72,13 @@ class ShardedSidecarReader(ManifestMetadata):
                         "expect_dtype": expect_dtype, "expect_dim": expect_dim}
         check_directory(self.path)
         self.manifest = read_sharded_manifest(self.path)
+        # Peeked before the shards are opened: it says which index identity the manifest records.
+        self._format_version = shards_format_version(self.manifest, self.path)
         stale = None
         try:
             check_expectations(self.manifest, self.path, model_fingerprint=expect_model_fingerprint,
-                               index=expect_index, dtype=expect_dtype, dim=expect_dim)
+                               index=expect_index, dtype=expect_dtype, dim=expect_dim,
+                               format_version=self._format_version)
         except SidecarContentMismatchError as error:
             stale = error
         entries = self.manifest.shards
@@ -71,6 +91,18 @@ class ShardedSidecarReader(ManifestMetadata):
         self._row_ends = np.array([entry.row_end for entry in entries], dtype=np.int64)
         if stale is not None:
             raise self.changed_documents_error(stale, expect_index)
+        legacy = [shard for shard in self.shards if shard.manifest.lacks]
+        if legacy:
+            self._format_version = min(shard.format_version for shard in self.shards)
+            subject = (f"sharded sidecar {self.path} has {len(legacy)} of {len(self.shards)} shards in format "
+                       f"{self._format_version}: they have")
+            notice = legacy_notice(self.path, self._format_version, subject)
+            warn_legacy_once(self.path, notice)
+
+    @property
+    def format_version(self) -> int:
+        """The sidecar format of its oldest shard."""
+        return self._format_version
 
     def content_hashes(self) -> np.ndarray:
         """``[num_docs]`` uint64 text hash of every row (see :meth:`SidecarReader.content_hashes`)."""

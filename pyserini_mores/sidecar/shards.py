@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .format import (
+    FORMAT_VERSION,
     MANIFEST,
     Manifest,
     SidecarCorruptError,
@@ -182,6 +183,20 @@ def read_sharded_manifest(path: str | os.PathLike) -> ShardedManifest:
     """Read ``<path>/manifest.json`` of a sharded sidecar. Pure JSON."""
     file, data = read_manifest_object(path)
     return ShardedManifest.from_dict(data, source=str(file))
+
+
+def shards_format_version(manifest: ShardedManifest, root: Path) -> int:
+    """The oldest sidecar format among the shards of the sharded sidecar at ``root``, from their manifests' JSON
+    alone (a shard whose manifest cannot be read counts as the current format: opening it says what is wrong)."""
+    versions = []
+    for entry in manifest.shards:
+        try:
+            version = read_manifest_object(entry.resolve(root))[1].get("format_version")
+        except SidecarError:
+            continue
+        if isinstance(version, int) and not isinstance(version, bool):
+            versions.append(version)
+    return min(versions, default=FORMAT_VERSION)
 
 
 # ---- validation shared by assemble, the reader and verify -------------------------------------------------------

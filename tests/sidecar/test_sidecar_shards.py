@@ -3,6 +3,7 @@ the Ray build engine on a local Ray instance (retries, resume, finished shards s
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
 import shutil
@@ -14,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from sidecar_forge import reseal
+from sidecar_forge import reseal, sharded_to_format_1
 
 from pyserini_mores._jvm import JVM_FAULT_SIGNALS
 from pyserini_mores.sidecar import (
@@ -169,6 +170,42 @@ def test_info_and_verify_of_a_sharded_sidecar(sharded, capsys):
     assert "sharded: 3 shards" in out and "shard 1     rows [7, 14)" in out
     assert verify_sidecar(sharded) == []
     assert sidecar_main(["verify", str(sharded)]) == 0
+
+
+def test_a_sharded_sidecar_of_format_1_shards_reranks_the_same_and_says_so_once(tiny_index, tiny_maxsim_dir, shards,
+                                                                                sharded, tmp_path, caplog, capsys):
+    from pyserini_mores.search import RerankingSearcher
+
+    legacy, copies = _copy_sharded(shards, tmp_path)
+    sharded_to_format_1(legacy)
+    assert [json.loads((copy / "manifest.json").read_text())["format_version"] for copy in copies] == [1, 1, 1]
+    with caplog.at_level(logging.INFO):
+        through_legacy = RerankingSearcher(tiny_index, "maxsim", model=tiny_maxsim_dir, sidecar=legacy)
+        current = RerankingSearcher(tiny_index, "maxsim", model=tiny_maxsim_dir, sidecar=sharded)
+        assert through_legacy.reranker.sidecar.format_version == 1 and current.reranker.sidecar.format_version == 2
+        for query in ("server data file code system", "python linux web server editor database network"):
+            a, b = through_legacy.search(query, k=20), current.search(query, k=20)
+            assert len(a) >= 9
+            assert [(hit.docid, hit.score) for hit in a] == [(hit.docid, hit.score) for hit in b]
+        open_sidecar(legacy).get_batch([0, 19])
+    messages = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    said = [message for message in messages if "format 1" in message]
+    assert said == [f"sharded sidecar {legacy} has 3 of 3 shards in format 1: they have no block checksums, manifest "
+                    f"checksum or document text hashes, so damaged bytes and changed document texts are not detected "
+                    f"at search time; `python -m pyserini_mores.sidecar verify {legacy} --index INDEX` checks its "
+                    f"files whole, `python -m pyserini_mores.sidecar build ... --output {legacy} --overwrite` "
+                    f"rebuilds it in format 2"]
+
+    assert sidecar_main(["info", str(legacy)]) == 0
+    out = capsys.readouterr().out
+    assert "integrity   3 of 3 shards are format 1: they have no block checksums" in out
+    assert f"rows [7, 14), {out.split('rows [7, 14), ')[1].split(',')[0]}, format 1: " in out
+    assert sidecar_main(["verify", str(legacy), "--index", str(tiny_index)]) == 0
+    data = bytearray((copies[1] / "tokens.bin").read_bytes())
+    data[5] ^= 0x01
+    (copies[1] / "tokens.bin").write_bytes(bytes(data))
+    assert sidecar_main(["verify", str(legacy)]) == 1
+    assert "tokens.bin: checksum mismatch" in capsys.readouterr().out
 
 
 def test_a_lone_shard_is_not_a_sidecar(shards, capsys):

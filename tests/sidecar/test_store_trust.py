@@ -3,11 +3,13 @@ bytes (block checksums), an edited or absurd manifest; and what the indexer says
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
+from sidecar_forge import to_format_1
 
 from pyserini_mores.index.__main__ import main as index_main
 from pyserini_mores.search.__main__ import main as search_main
@@ -155,18 +157,162 @@ def test_absurd_manifest_values_are_one_error_line(indexed, tiny_maxsim_dir, tmp
     assert message in _one_error_line(capsys.readouterr().err)
 
 
-def test_a_format_1_sidecar_is_refused_with_the_rebuild_command(indexed, tmp_path):
-    from pyserini_mores.sidecar import SidecarMismatchError
+# ---- format 1 sidecars open, and say what they lack ------------------------------------------------------------
+def _format_1_copy(sidecar: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "v1"
+    shutil.copytree(sidecar, copy)
+    to_format_1(copy)
+    return copy
 
+
+def _legacy_warnings(caplog, path: Path) -> list[str]:
+    return [record.getMessage() for record in caplog.records
+            if record.levelno == logging.WARNING and f"sidecar {path} is format 1" in record.getMessage()]
+
+
+def test_a_format_1_sidecar_reranks_like_format_2_and_warns_once(indexed, tiny_maxsim_dir, tmp_path, caplog,
+                                                                 capsys):
+    index, sidecar = indexed
+    legacy = _format_1_copy(sidecar, tmp_path)
+    manifest = json.loads((legacy / "manifest.json").read_text())
+    assert manifest["format_version"] == 1 and sorted(manifest["files"]) == sorted(
+        ["tokens.bin", "offsets.bin", "docids.bin", "docids_sorted.bin", "docids_sorted_rows.bin"])
+    assert sorted(manifest["index"]) == ["num_docs", "signature"] and "manifest_sha256" not in manifest
+    assert sorted(path.name for path in legacy.iterdir()) == sorted([*manifest["files"], "manifest.json"])
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    assert _search(index, tiny_maxsim_dir, sidecar, tmp_path / "a") == 0
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        assert _search(index, tiny_maxsim_dir, legacy, tmp_path / "b") == 0
+        SidecarReader(legacy).get_batch([0, 19])  # a second open in the same process says nothing more
+    expected = (tmp_path / "a" / "out.trec").read_text()
+    assert len(expected.splitlines()) == 20
+    assert (tmp_path / "b" / "out.trec").read_text() == expected  # same docids, same scores, same order
+    warnings = _legacy_warnings(caplog, legacy)
+    assert warnings == [
+        f"sidecar {legacy} is format 1: it has no block checksums, manifest checksum or document text hashes, so "
+        f"damaged bytes and changed document texts are not detected at search time; `python -m "
+        f"pyserini_mores.sidecar verify {legacy} --index INDEX` checks its files whole, `python -m "
+        f"pyserini_mores.sidecar build ... --output {legacy} --overwrite` rebuilds it in format 2"]
+    assert not _legacy_warnings(caplog, sidecar)
+
+    assert sidecar_main(["info", str(legacy)]) == 0
+    out = capsys.readouterr().out
+    assert "format      pyserini-mores-sidecar v1," in out
+    assert ("integrity   this sidecar is format 1: it has no block checksums, manifest checksum or document "
+            "text hashes") in out
+    assert sidecar_main(["info", str(sidecar)]) == 0
+    assert ("integrity   block checksums checked on first read, manifest checksum, document text hashes"
+            in capsys.readouterr().out)
+    assert sidecar_main(["verify", str(legacy), "--index", str(index)]) == 0
+    assert f"OK {legacy}" in capsys.readouterr().out
+
+
+def test_the_warning_reaches_a_search_without_verbose(indexed, tiny_maxsim_dir, tmp_path):
+    import subprocess
+    import sys
+
+    index, sidecar = indexed
+    legacy = _format_1_copy(sidecar, tmp_path)
+    topics = tmp_path / "topics.tsv"
+    topics.write_text("q1\tpackage manager\n")
+    done = subprocess.run([sys.executable, "-m", "pyserini_mores.search", "--index", str(index), "--topics",
+                           str(topics), "--reranker", "maxsim", "--model", str(tiny_maxsim_dir), "--sidecar",
+                           str(legacy), "--hits", "5", "--output", str(tmp_path / "out.trec")],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if f"sidecar {legacy} is format 1" in line]
+    assert len(lines) == 1 and lines[0].startswith("WARNING "), done.stderr
+
+
+def test_verify_of_a_format_1_sidecar_finds_a_flipped_byte_by_its_whole_file_checksum(indexed, tmp_path, capsys):
+    legacy = _format_1_copy(indexed[1], tmp_path)
+    assert sidecar_main(["verify", str(legacy)]) == 0
+    _flip(legacy / "tokens.bin", 64 * 10 + 1)
+    assert sidecar_main(["verify", str(legacy)]) == 1
+    out = capsys.readouterr().out
+    assert "1 problem(s)" in out and "tokens.bin: checksum mismatch" in out
+    # At search time nothing can notice it: format 1 has no block checksums (what the warning says).
+    SidecarReader(legacy).get_batch([0])
+
+
+def test_a_format_2_manifest_edited_to_format_1_is_refused(indexed, tmp_path, capsys):
     copy = tmp_path / "copy"
     shutil.copytree(indexed[1], copy)
     manifest = json.loads((copy / "manifest.json").read_text())
-    manifest["format_version"] = 1
+    manifest["format_version"] = 1  # which would skip the manifest checksum and the block checks
     (copy / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(SidecarMismatchError, match=r"format_version is 1, .* reads version 2; it has no block "
-                                                   r"checksums.*rebuild it with this version \(`python -m "
-                                                   r"pyserini_mores.sidecar build \.\.\. --overwrite`\)"):
-        SidecarReader(copy)
+    assert sidecar_main(["info", str(copy)]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert ("format_version is 1 but the manifest holds manifest_sha256, index.content, files.checksums.bin, "
+            "files.content_hashes.bin, checksum.read_algorithm, checksum.read_block_bytes, which format 1 does not "
+            "have: its version was edited") in line
+
+
+@pytest.mark.parametrize("version, message", [
+    (3, "sidecar format_version is 3, this pyserini_mores reads version 2; upgrade pyserini_mores to read it"),
+    (0, "field 'format_version' is 0, not a sidecar format version (1 or 2)"),
+])
+def test_a_format_this_package_does_not_read_is_refused(indexed, tiny_maxsim_dir, tmp_path, capsys, version,
+                                                         message):
+    index, sidecar = indexed
+    legacy = _format_1_copy(sidecar, tmp_path)
+    manifest = json.loads((legacy / "manifest.json").read_text())
+    manifest["format_version"] = version
+    (legacy / "manifest.json").write_text(json.dumps(manifest))
+    assert sidecar_main(["info", str(legacy)]) == 2
+    assert message in _one_error_line(capsys.readouterr().err)
+    assert _search(index, tiny_maxsim_dir, legacy, tmp_path) == 2
+    assert message in _one_error_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("num_docs", 10 ** 20, "field 'num_docs' is 100000000000000000000, outside [0, 1099511627776]"),
+    ("dim", 1 << 20, "field 'dim' is 1048576, outside [1, 65536]"),
+    ("checksum", {"algorithm": "sha256-blocks", "block_bytes": 0},
+     "field 'checksum.block_bytes' is 0, not an integer in [1, 1099511627776]"),
+])
+def test_absurd_values_in_a_format_1_manifest_are_one_error_line(indexed, tiny_maxsim_dir, tmp_path, capsys, field,
+                                                                  value, message):
+    index, sidecar = indexed
+    legacy = _format_1_copy(sidecar, tmp_path)
+    manifest = json.loads((legacy / "manifest.json").read_text())
+    manifest[field] = value
+    (legacy / "manifest.json").write_text(json.dumps(manifest))
+    assert sidecar_main(["verify", str(legacy)]) == 1
+    assert message in _one_error_line(capsys.readouterr().err)
+    assert sidecar_main(["info", str(legacy)]) == 2
+    assert message in _one_error_line(capsys.readouterr().err)
+    assert _search(index, tiny_maxsim_dir, legacy, tmp_path) == 2
+    assert message in _one_error_line(capsys.readouterr().err)
+
+
+def test_a_sidecar_written_by_the_format_1_writer_opens_and_verifies(tmp_path, caplog):
+    """``tests/resources/sidecar_format_1`` was written by the format 1 ``SidecarWriter`` (before format 2) from the
+    vectors below: 20 documents of 0 to 8 tokens, dim 8, stored as float16."""
+    from pyserini_mores.sidecar import SidecarMismatchError, verify_sidecar
+
+    rng = np.random.default_rng(0)
+    docids = [f"d{row:02d}" for row in range(20)]
+    docs = [rng.standard_normal((int(rng.integers(0, 9)), 8)).astype(np.float32) for _ in docids]
+    legacy = tmp_path / "v1"
+    shutil.copytree(RESOURCES / "sidecar_format_1", legacy)
+    identity = {"num_docs": 20, "signature": "s" * 64, "content": "c" * 64}  # as a text-storing index has now
+    with caplog.at_level(logging.INFO):
+        reader = SidecarReader(legacy, expect_index=identity, expect_dtype="float16", expect_dim=8)
+    assert reader.format_version == 1 and len(_legacy_warnings(caplog, legacy)) == 1
+    assert [len(reader.get(row)) for row in range(20)] == [len(doc) for doc in docs]
+    for row, doc in enumerate(docs):
+        assert np.array_equal(reader.get(row), doc.astype(np.float16))
+    assert reader.docids(range(20)) == docids and reader.rows_for_docids(["d07", "x"]).tolist() == [7, -1]
+    with pytest.raises(SidecarMismatchError, match="built for another index"):
+        SidecarReader(legacy, expect_index={**identity, "signature": "t" * 64})
+    assert verify_sidecar(legacy) == []
+    _flip(legacy / "docids_sorted_rows.bin", 8 * 3)
+    assert [problem.split(":")[:2] for problem in verify_sidecar(legacy)][0] == ["docids_sorted_rows.bin",
+                                                                               " checksum mismatch"]
 
 
 def test_blocks_are_checked_on_first_read_and_remembered(tmp_path):
