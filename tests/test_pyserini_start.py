@@ -1,5 +1,5 @@
 """Pyserini itself, in the environment the README's set-up makes: its own commands and imports, in any order, with
-the system's Java too old or absent, and without OpenAI credentials (the start-up hook, ``_pyserini_mores_hook``).
+the system's Java too old or absent, and without OpenAI credentials (the start-up hook, ``pyserini_mores._start_hook``).
 
 Every check runs in a fresh interpreter of the test's own environment, as a user would type it.
 """
@@ -65,7 +65,7 @@ def _run(args: list[str], env: dict[str, str], cwd: Path | None = None, timeout:
 def start_hook_installed():
     """The hook is installed at interpreter start (by the ``.pth`` file the package's install puts in site-packages),
     and a program that never imports Pyserini loads nothing else of ours: no package, no pyjnius, no OpenAI."""
-    ours = ("_pyserini_mores_hook", "pyserini", "pyserini_mores", "pyserini_mores_models", "jnius", "jnius_config",
+    ours = ("pyserini", "pyserini_mores", "pyserini_mores_models", "jnius", "jnius_config",
             "openai", "torch")
     script = ("import sys; print(json.dumps([type(f).__name__ for f in sys.meta_path])); "
               f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {ours!r})))")
@@ -76,7 +76,7 @@ def start_hook_installed():
     assert "PyseriniStartHook" in finders, (
         f"pyserini_mores_hook.pth is not installed for {sys.executable}: install the package as the README's "
         "set-up does (pip install -e .), which puts it in site-packages")
-    assert loaded == ["_pyserini_mores_hook"], loaded
+    assert loaded == ["pyserini_mores", "pyserini_mores._lazy", "pyserini_mores._start_hook"], loaded
 
 
 @pytest.fixture(scope="module")

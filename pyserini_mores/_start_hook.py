@@ -1,8 +1,9 @@
 """Start-up hook of pyserini-mores: lets Pyserini itself start its JVM in any program, whatever the system Java.
 
-``pyserini_mores_hook.pth`` (installed beside the package) imports this module when Python starts, and it puts a
-finder on ``sys.meta_path`` that finds nothing itself: it only watches two imports, and leaves every other one, in
-programs that never import Pyserini, to the next finder after one string comparison.
+``pyserini_mores_hook.pth`` (which setup.py installs at the top of site-packages) imports this module when Python
+starts, with the package's ``__init__`` (which imports nothing more), and it puts a finder on ``sys.meta_path``
+that finds nothing itself: it only watches two imports, and leaves every other one, in programs that never import
+Pyserini, to the next finder after one string comparison.
 
 - ``jnius`` (the import that starts the JVM), when Pyserini has put its Anserini jar on the class path: first point
   ``JAVA_HOME`` and ``PATH`` at a Java 21+ runtime where the current one is older or absent, and start the JVM with
@@ -10,8 +11,8 @@ programs that never import Pyserini, to the next finder after one string compari
 - ``pyserini.encode._openai``, which builds an OpenAI client at import: without credentials it gets a client that is
   built on first use instead (:mod:`pyserini_mores._openai_deferred`).
 
-Only the standard library's already-loaded ``sys`` is imported here: the work is done by the package, imported when
-one of the two imports happens.
+Here and in the package's ``__init__`` only standard-library modules already loaded at start-up are imported: the
+work is done by the package's modules, imported when one of the two imports happens.
 """
 import sys
 
