@@ -11,7 +11,7 @@ Pyserini, to the next finder after one string comparison.
 - ``pyserini.encode._openai``, which builds an OpenAI client at import: without credentials it gets a client that is
   built on first use instead (:mod:`pyserini_mores._openai_deferred`).
 
-Here and in the package's ``__init__`` only standard-library modules already loaded at start-up are imported: the
+Here and in the package's ``__init__`` only a few small standard-library modules are imported: the
 work is done by the package's modules, imported when one of the two imports happens.
 """
 import sys
