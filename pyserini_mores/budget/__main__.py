@@ -25,7 +25,15 @@ import argparse
 import logging
 import sys
 
-from .._cli import device_name, parse_model_args, run_parsed, setup_logging
+from .._cli import (
+    HelpFormatter,
+    define_first_stage_args,
+    device_name,
+    parse_model_args,
+    positive_int,
+    run_parsed,
+    setup_logging,
+)
 from ..formats import write_run
 from ..precision import PRECISION_CHOICES, resolve_device
 from ..search.__main__ import load_qrels, load_topics
@@ -37,8 +45,7 @@ DEFAULT_BUDGETS = (25, 50, 100, 250, 500, 1000)
 
 
 def define_budget_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--index", help="Lucene index directory or Pyserini prebuilt index name "
-                                        "(default: the embedded sample)")
+    define_first_stage_args(parser, rerank_depth_help="the deepest rerank depth a budget can buy")
     parser.add_argument("--topics", help="topics: a `qid<TAB>text` TSV file or a Pyserini topics name")
     parser.add_argument("--qrels", help="qrels file or Pyserini qrels name")
     parser.add_argument("--rerankers", nargs="+", default=["bm25", "maxsim"], metavar="NAME[:MODEL]",
@@ -56,20 +63,16 @@ def define_budget_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", type=device_name, default="auto", metavar="{auto,cpu,cuda,cuda:N}",
                         help="where the learned rerankers compute; auto (default): cuda when "
                              "torch.cuda.is_available(), else cpu")
-    parser.add_argument("--rerank-depth", type=int, default=1000, help="the deepest rerank depth a budget can buy")
-    parser.add_argument("--rerank-batch-size", type=int, default=250, help="candidates scored per model batch")
-    parser.add_argument("--hits", type=int, default=100, help="hits per query kept for evaluation")
-    parser.add_argument("--k1", type=float, default=None, help="BM25 k1 (default: Pyserini's for the index)")
-    parser.add_argument("--b", type=float, default=None, help="BM25 b (default: Pyserini's for the index)")
-    parser.add_argument("--batch-size", type=int, default=16, help="queries per BM25 batch")
-    parser.add_argument("--threads", type=int, default=1, help="BM25 threads")
+    parser.add_argument("--rerank-batch-size", type=positive_int, default=250, help="candidates scored per model batch")
+    parser.add_argument("--hits", type=positive_int, default=100, help="hits per query kept for evaluation")
+    parser.add_argument("--batch-size", type=positive_int, default=16, help="queries per BM25 batch")
     parser.add_argument("--torch-threads", type=int, default=None, metavar="N",
                         help="torch intra-op threads for the rerankers (default: torch's; part of the calibration "
                              "key). On a machine shared with other work, 1 gives steadier timings")
     parser.add_argument("--cold-cache", action="store_true",
                         help="evict each learned reranker's sidecar from the page cache before every query, so that "
                              "its reads come from storage (default: warm, as after earlier queries)")
-    parser.add_argument("--max-queries", type=int, default=None, help="only the first N topics")
+    parser.add_argument("--max-queries", type=positive_int, default=None, help="only the first N topics")
     parser.add_argument("--recalibrate", action="store_true",
                         help="measure every reranker's cost again instead of using the cached calibration")
     parser.add_argument("--save-runs", action="store_true",
@@ -90,7 +93,7 @@ def parse_scoped_model_args(items: list[str]) -> dict[str | None, dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pyserini_mores.budget", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=HelpFormatter)
     define_budget_args(parser)
 
     def checked_run(args: argparse.Namespace) -> int:
