@@ -110,8 +110,11 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     if embedded != (args.topics is None) or (args.index is None) != (args.qrels is None):
         raise ValueError("--index, --topics and --qrels go together (give none to sweep the embedded sample)")
     specs = parse_reranker_specs(args.rerankers, parse_scoped_model_args(args.model_arg))
-    if any(spec.name != "bm25" for spec in specs):
-        resolve_device(args.device)  # a GPU that is not there fails now, before the sample, index or models load
+    # Every reranker's name, model and config checked, and the device resolved once (a GPU that is not there fails),
+    # now: before the sample, the index or a model loads.
+    device = resolve_device(args.device) if any(spec.name != "bm25" for spec in specs) else None
+    options = [reranker_options(spec, batch_size=args.rerank_batch_size, precision=args.precision, device=device)
+               for spec in specs]
     sample = None
     if embedded:
         from ..search.sample import prepare_sample
@@ -131,10 +134,9 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
         torch.set_num_threads(args.torch_threads)
     searchers = {}
     try:
-        for spec in specs:
-            searchers[spec.display] = open_searcher_for(
-                spec, index, sample, k1=args.k1, b=args.b, rerank_depth=args.rerank_depth,
-                batch_size=args.rerank_batch_size, precision=args.precision, device=args.device)
+        for spec, reranker in zip(specs, options):
+            searchers[spec.display] = open_searcher_for(reranker, index, sample, k1=args.k1, b=args.b,
+                                                        rerank_depth=args.rerank_depth)
         first = next(iter(searchers.values()))
         print(f"Index: {first.index.path} ({first.num_docs} documents), {len(topics)} queries; rerankers: "
               f"{', '.join(searchers)}; budgets (ms): {' '.join(f'{b:g}' for b in args.budgets)}")
@@ -169,21 +171,30 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     return 0
 
 
-def open_searcher_for(spec, index, sample, *, k1: float | None, b: float | None, rerank_depth: int,
-                      batch_size: int, precision: str, device: str = "auto"):
-    """A :class:`RerankingSearcher` for one spec; learned rerankers must find their sidecar (built on first use for
-    the embedded sample). ``batch_size``, ``precision`` and ``device`` are the learned rerankers'."""
+def reranker_options(spec, *, batch_size: int, precision: str, device):
+    """The :class:`~pyserini_mores.rerankers.options.RerankerOptions` of one spec, checked (``batch_size``,
+    ``precision`` and ``device`` are the learned rerankers')."""
+    from ..models.registry import model_types
+    from ..rerankers.options import RerankerOptions, check_config, check_reranker_name
+
+    check_reranker_name(spec.name)
+    if spec.name == "bm25":
+        return RerankerOptions("bm25")
+    if spec.name in model_types():
+        check_config(spec.name, spec.overrides, given_as="--model-arg")
+    return RerankerOptions.from_kwargs(spec.name, model=spec.model, batch_size=batch_size, precision=precision,
+                                       device=device, **spec.overrides)
+
+
+def open_searcher_for(reranker, index, sample, *, k1: float | None, b: float | None, rerank_depth: int):
+    """A :class:`RerankingSearcher` for one reranker's options; learned rerankers must find their sidecar (built on
+    first use for the embedded sample)."""
     from ..search.sample import sample_searcher
     from ..search.searcher import RerankingSearcher
 
-    kwargs = {}
-    if spec.name != "bm25":
-        kwargs = {"model": spec.model, "batch_size": batch_size, "precision": precision, "device": device,
-                  **spec.overrides}
     if sample is not None:
-        return sample_searcher(sample, spec.name, k1=k1, b=b, rerank_depth=rerank_depth, **kwargs)
-    return RerankingSearcher(index, spec.name, k1=k1, b=b, rerank_depth=rerank_depth, require_sidecar=True,
-                             **kwargs)
+        return sample_searcher(sample, reranker, k1=k1, b=b, rerank_depth=rerank_depth)
+    return RerankingSearcher(index, reranker, k1=k1, b=b, rerank_depth=rerank_depth)
 
 
 def _torch_threads() -> int:

@@ -26,11 +26,11 @@ from ..models import (
     pad_documents,
     shipped_models,
 )
+from ..models.checks import check_config, check_model_name
 from ..precision import resolve_device, resolve_precision
 from ..sidecar import BatchBuffer, SidecarRowMismatchError, open_sidecar
 from ..types import Query, Text, copy_candidates
 from .base import Reranker, string_candidates
-from .options import check_config, check_model_name
 
 logger = logging.getLogger(__name__)
 

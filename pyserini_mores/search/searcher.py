@@ -82,14 +82,16 @@ class RerankingSearcher:
 
     Args:
         index: a Lucene index directory or a Pyserini prebuilt index name.
-        reranker: a :class:`Reranker`, or a registered name (``bm25``, ``maxsim``, ``mores``, ...); with a name,
-            ``reranker_kwargs`` go to its factory (e.g. ``model=``, ``precision=``, ``device="cuda"``,
-            ``remap_by_docid=``). A reranker whose sidecar is already open is refused when that sidecar was built for
+        reranker: a :class:`Reranker`, a registered name (``bm25``, ``maxsim``, ``mores``, ...) or its
+            :class:`~pyserini_mores.rerankers.options.RerankerOptions`; with a name, ``reranker_kwargs`` go to its
+            factory (e.g. ``model=``, ``precision=``, ``device="cuda"``, ``remap_by_docid=``, config keys), checked
+            before anything loads. A reranker whose sidecar is already open is refused when that sidecar was built for
             another index or model.
         k1, b: BM25 parameters (default: Pyserini's for the index).
-        first_stage: ``"bm25"``; ``"bm25+rm3"``: BM25 with RM3 feedback through Pyserini's ``set_rm3`` (the
-            index must store document vectors, as the package's indexer does), with ``rm3``'s parameters;
-            ``"dense"``: the candidates of ``dense``, a Pyserini dense index searched with Pyserini's
+        first_stage: a :class:`~.options.FirstStageOptions` (then without ``k1``, ``b``, ``rm3``, ``dense``,
+            ``hybrid``), or its kind: ``"bm25"``; ``"bm25+rm3"``: BM25 with RM3 feedback through Pyserini's
+            ``set_rm3`` (the index must store document vectors, as the package's indexer does), with ``rm3``'s
+            parameters; ``"dense"``: the candidates of ``dense``, a Pyserini dense index searched with Pyserini's
             ``FaissSearcher``, joined to this Lucene index by docid (it must hold the dense index's documents:
             checked on a sample when opened); ``"hybrid"``: Pyserini's ``HybridSearcher`` over this index's BM25
             (``k1``, ``b``) and ``dense``, its fused candidates joined by docid in the same way. Each query's top
@@ -102,8 +104,10 @@ class RerankingSearcher:
             (:class:`~.first_stage.Hybrid`; default: Pyserini's).
         rerank_depth: how many BM25 hits are reranked.
         sidecar: for rerankers that read stored document representations: a path, ``"auto"`` (the default
-            location beside the index, if built; else documents are encoded from their text, slowly) or ``None``.
-        require_sidecar: fail instead of encoding text when the sidecar is missing.
+            location beside the index) or ``None`` (documents encoded from their text, slowly). A missing sidecar
+            raises :class:`SidecarMissingError`, with the command that builds it.
+        encode_from_text: where the ``"auto"`` sidecar is missing, encode documents from their text instead.
+        require_sidecar: ``False`` is ``encode_from_text=True``; ``True`` (refusing) is the default.
         time_budget_ms: rerank-stage budget per query, in ms (BM25 excluded): each query is reranked to the
             largest depth ``n <= rerank_depth`` whose predicted cost fits (see :mod:`.calibration`); 0 keeps the
             BM25 order; ``None`` or ``inf`` reranks ``rerank_depth`` hits as without a budget. The depth chosen for
