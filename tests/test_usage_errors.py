@@ -97,12 +97,17 @@ def test_reranker_options_are_checked_when_made():
     ("--threads", "0", "an integer >= 1"), ("--batch-size", "0", "an integer >= 1"),
     ("--rerank-batch-size", "0", "an integer >= 1"), ("--b", "1.5", "a number in [0, 1]"),
     ("--k1", "-1", "a number >= 0"), ("--time-budget-ms", "-5", "a number >= 0"),
-    ("--time-budget-ms", "nan", "a number >= 0"), ("--interpolate", "2", "a number in [0, 1]"),
+    ("--time-budget-ms", "nan", "a number >= 0"),
     ("--max-queries", "0", "an integer >= 1"), ("--fb-terms", "0", "an integer >= 1"),
 ])
 def test_an_impossible_value_is_refused_naming_its_flag(flag, value, expected, capsys):
     assert _refused(search_main, [flag, value], capsys) == (
         f"error: argument {flag}: must be {expected}, not '{value}' (see python -m pyserini_mores.search --help)")
+
+
+def test_interpolate_out_of_range_is_refused_naming_its_flag(capsys):
+    assert _refused(search_main, ["--interpolate", "2"], capsys) == (
+        "error: --interpolate: the interpolation weight alpha must be within [0, 1], not 2")
 
 
 def test_rerank_depth_is_checked_by_the_searcher_too(tiny_index):

@@ -99,7 +99,7 @@ def define_search_args(parser: argparse.ArgumentParser) -> None:
                         help="per-query rerank time budget in ms (BM25 excluded): rerank the deepest depth <= "
                              "--rerank-depth whose cost, measured once on this machine and cached, fits B; "
                              "0 = BM25 order")
-    parser.add_argument("--interpolate", type=unit_float, default=None, metavar="ALPHA",
+    parser.add_argument("--interpolate", type=float, default=None, metavar="ALPHA",
                         help="fuse scores: ALPHA x the reranker's + (1 - ALPHA) x the first stage's, each min-max "
                              "normalised per query (choose ALPHA on dev queries; default: the reranker's alone)")
     parser.add_argument("--recalibrate", action="store_true",
@@ -124,6 +124,9 @@ def run_search(args: argparse.Namespace) -> int:
     first_stage = first_stage_options(args)
     if args.restart and not args.output:
         raise UsageError("--restart discards an interrupted search's FILE.partial: it goes with --output FILE")
+    if args.interpolate is not None and not 0 <= args.interpolate <= 1:
+        raise UsageError("--interpolate: the interpolation weight alpha must be within [0, 1], not "
+                         f"{args.interpolate:g}")
     reranker = reranker_options(args)
     inputs = resolve_inputs(args, reranker)
     searcher = open_searcher(args, inputs, first_stage)
@@ -176,7 +179,7 @@ def reranker_options(args: argparse.Namespace):
     overrides = parse_model_args(args.model_arg)
     if name == "bm25":
         if args.model or overrides:
-            raise UsageError("--model and --model-arg are for a learned --reranker; bm25 has neither")
+            logger.warning("--model and --model-arg are ignored: the bm25 reranker has no model")
         return RerankerOptions("bm25")
     model = args.model
     if embedded and args.reranker is None:
