@@ -25,7 +25,15 @@ import argparse
 import logging
 import sys
 
-from .._cli import device_name, parse_model_args, run_parsed, setup_logging
+from .._cli import (
+    HelpFormatter,
+    define_first_stage_args,
+    device_name,
+    parse_model_args,
+    positive_int,
+    run_parsed,
+    setup_logging,
+)
 from ..formats import write_run
 from ..precision import PRECISION_CHOICES, resolve_device
 from ..search.__main__ import load_qrels, load_topics
@@ -37,8 +45,7 @@ DEFAULT_BUDGETS = (25, 50, 100, 250, 500, 1000)
 
 
 def define_budget_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--index", help="Lucene index directory or Pyserini prebuilt index name "
-                                        "(default: the embedded sample)")
+    define_first_stage_args(parser, rerank_depth_help="the deepest rerank depth a budget can buy")
     parser.add_argument("--topics", help="topics: a `qid<TAB>text` TSV file or a Pyserini topics name")
     parser.add_argument("--qrels", help="qrels file or Pyserini qrels name")
     parser.add_argument("--rerankers", nargs="+", default=["bm25", "maxsim"], metavar="NAME[:MODEL]",
@@ -56,20 +63,16 @@ def define_budget_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", type=device_name, default="auto", metavar="{auto,cpu,cuda,cuda:N}",
                         help="where the learned rerankers compute; auto (default): cuda when "
                              "torch.cuda.is_available(), else cpu")
-    parser.add_argument("--rerank-depth", type=int, default=1000, help="the deepest rerank depth a budget can buy")
-    parser.add_argument("--rerank-batch-size", type=int, default=250, help="candidates scored per model batch")
-    parser.add_argument("--hits", type=int, default=100, help="hits per query kept for evaluation")
-    parser.add_argument("--k1", type=float, default=None, help="BM25 k1 (default: Pyserini's for the index)")
-    parser.add_argument("--b", type=float, default=None, help="BM25 b (default: Pyserini's for the index)")
-    parser.add_argument("--batch-size", type=int, default=16, help="queries per BM25 batch")
-    parser.add_argument("--threads", type=int, default=1, help="BM25 threads")
+    parser.add_argument("--rerank-batch-size", type=positive_int, default=250, help="candidates scored per model batch")
+    parser.add_argument("--hits", type=positive_int, default=100, help="hits per query kept for evaluation")
+    parser.add_argument("--batch-size", type=positive_int, default=16, help="queries per BM25 batch")
     parser.add_argument("--torch-threads", type=int, default=None, metavar="N",
                         help="torch intra-op threads for the rerankers (default: torch's; part of the calibration "
                              "key). On a machine shared with other work, 1 gives steadier timings")
     parser.add_argument("--cold-cache", action="store_true",
                         help="evict each learned reranker's sidecar from the page cache before every query, so that "
                              "its reads come from storage (default: warm, as after earlier queries)")
-    parser.add_argument("--max-queries", type=int, default=None, help="only the first N topics")
+    parser.add_argument("--max-queries", type=positive_int, default=None, help="only the first N topics")
     parser.add_argument("--recalibrate", action="store_true",
                         help="measure every reranker's cost again instead of using the cached calibration")
     parser.add_argument("--save-runs", action="store_true",
@@ -90,7 +93,7 @@ def parse_scoped_model_args(items: list[str]) -> dict[str | None, dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pyserini_mores.budget", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=HelpFormatter)
     define_budget_args(parser)
 
     def checked_run(args: argparse.Namespace) -> int:
@@ -107,8 +110,11 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     if embedded != (args.topics is None) or (args.index is None) != (args.qrels is None):
         raise ValueError("--index, --topics and --qrels go together (give none to sweep the embedded sample)")
     specs = parse_reranker_specs(args.rerankers, parse_scoped_model_args(args.model_arg))
-    if any(spec.name != "bm25" for spec in specs):
-        resolve_device(args.device)  # a GPU that is not there fails now, before the sample, index or models load
+    # Every reranker's name, model and config checked, and the device resolved once (a GPU that is not there fails),
+    # now: before the sample, the index or a model loads.
+    device = resolve_device(args.device) if any(spec.name != "bm25" for spec in specs) else None
+    options = [reranker_options(spec, batch_size=args.rerank_batch_size, precision=args.precision, device=device)
+               for spec in specs]
     sample = None
     if embedded:
         from ..search.sample import prepare_sample
@@ -128,10 +134,9 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
         torch.set_num_threads(args.torch_threads)
     searchers = {}
     try:
-        for spec in specs:
-            searchers[spec.display] = open_searcher_for(
-                spec, index, sample, k1=args.k1, b=args.b, rerank_depth=args.rerank_depth,
-                batch_size=args.rerank_batch_size, precision=args.precision, device=args.device)
+        for spec, reranker in zip(specs, options):
+            searchers[spec.display] = open_searcher_for(reranker, index, sample, k1=args.k1, b=args.b,
+                                                        rerank_depth=args.rerank_depth)
         first = next(iter(searchers.values()))
         print(f"Index: {first.index.path} ({first.num_docs} documents), {len(topics)} queries; rerankers: "
               f"{', '.join(searchers)}; budgets (ms): {' '.join(f'{b:g}' for b in args.budgets)}")
@@ -166,21 +171,30 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     return 0
 
 
-def open_searcher_for(spec, index, sample, *, k1: float | None, b: float | None, rerank_depth: int,
-                      batch_size: int, precision: str, device: str = "auto"):
-    """A :class:`RerankingSearcher` for one spec; learned rerankers must find their sidecar (built on first use for
-    the embedded sample). ``batch_size``, ``precision`` and ``device`` are the learned rerankers'."""
+def reranker_options(spec, *, batch_size: int, precision: str, device):
+    """The :class:`~pyserini_mores.rerankers.options.RerankerOptions` of one spec, checked (``batch_size``,
+    ``precision`` and ``device`` are the learned rerankers')."""
+    from ..models.registry import model_types
+    from ..rerankers.options import RerankerOptions, check_config, check_reranker_name
+
+    check_reranker_name(spec.name)
+    if spec.name == "bm25":
+        return RerankerOptions("bm25")
+    if spec.name in model_types():
+        check_config(spec.name, spec.overrides, given_as="--model-arg")
+    return RerankerOptions.from_kwargs(spec.name, model=spec.model, batch_size=batch_size, precision=precision,
+                                       device=device, **spec.overrides)
+
+
+def open_searcher_for(reranker, index, sample, *, k1: float | None, b: float | None, rerank_depth: int):
+    """A :class:`RerankingSearcher` for one reranker's options; learned rerankers must find their sidecar (built on
+    first use for the embedded sample)."""
     from ..search.sample import sample_searcher
     from ..search.searcher import RerankingSearcher
 
-    kwargs = {}
-    if spec.name != "bm25":
-        kwargs = {"model": spec.model, "batch_size": batch_size, "precision": precision, "device": device,
-                  **spec.overrides}
     if sample is not None:
-        return sample_searcher(sample, spec.name, k1=k1, b=b, rerank_depth=rerank_depth, **kwargs)
-    return RerankingSearcher(index, spec.name, k1=k1, b=b, rerank_depth=rerank_depth, require_sidecar=True,
-                             **kwargs)
+        return sample_searcher(sample, reranker, k1=k1, b=b, rerank_depth=rerank_depth)
+    return RerankingSearcher(index, reranker, k1=k1, b=b, rerank_depth=rerank_depth)
 
 
 def _torch_threads() -> int:

@@ -23,18 +23,17 @@ DEFAULT_TOP = 2
 
 
 def define_explain_args(parser: argparse.ArgumentParser) -> None:
-    from .._cli import define_model_args
+    from .._cli import define_first_stage_args, define_model_args, positive_int
 
-    parser.add_argument("--index", help="Lucene index directory or Pyserini prebuilt index name "
-                                        "(default: the embedded sample)")
+    define_first_stage_args(parser, rerank_depth=10, threads_help=None,
+                            rerank_depth_help="BM25 hits the reranker orders to find the top N and to rank the "
+                                              "documents")
     parser.add_argument("--query", required=True, help="the query text")
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--docid", action="append", nargs="+", default=None, metavar="D",
                        help="documents to explain, in this order (TK compares the first two)")
-    which.add_argument("--top", type=int, default=None, metavar="N",
+    which.add_argument("--top", type=positive_int, default=None, metavar="N",
                        help=f"explain the reranker's top N of the BM25 top --rerank-depth (default: {DEFAULT_TOP})")
-    parser.add_argument("--rerank-depth", type=int, default=10,
-                        help="BM25 hits the reranker orders to find the top N and to rank the documents (default 10)")
     parser.add_argument("--output", required=True, help="folder for the figures, explanation.json and index.html")
     define_model_args(parser, default_reranker=None, device=True)
     parser.add_argument("--sidecar", default=None, help="sidecar directory (default: beside the index, if built)")
@@ -44,8 +43,6 @@ def define_explain_args(parser: argparse.ArgumentParser) -> None:
                         help="MORES document-module layer whose self-attention is shown, 1..L (default: the last)")
     parser.add_argument("--max-tokens", type=int, default=64,
                         help="tokens shown per heatmap axis (the JSON keeps all; default 64)")
-    parser.add_argument("--k1", type=float, default=None, help="BM25 k1 (default: Pyserini's for the index)")
-    parser.add_argument("--b", type=float, default=None, help="BM25 b (default: Pyserini's for the index)")
     parser.add_argument("-v", "--verbose", action="store_true")
 
 
@@ -59,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
 def run_explain(args: argparse.Namespace) -> int:
     from .._cli import parse_model_args
     from ..index import fetch_texts
-    from ..precision import resolve_device
+    from ..models.registry import model_types
+    from ..rerankers.options import RerankerOptions, check_config, check_reranker_name
     from ..search.searcher import RerankingSearcher
     from ..types import Query, Text
     from ._explainers import EXPLAINERS, explain_documents
@@ -75,7 +73,16 @@ def run_explain(args: argparse.Namespace) -> int:
     docids = [docid for group in args.docid for docid in group] if args.docid else None
     top = args.top or DEFAULT_TOP
     depth = max(args.rerank_depth, 0 if docids else top)
-    resolve_device(args.device)  # a GPU that is not there fails now, before the sample, index or model loads
+    # The reranker, its model and config checked and the device resolved (a GPU that is not there fails) now,
+    # before the sample, the index or the model loads.
+    check_reranker_name(args.reranker)
+    overrides = parse_model_args(args.model_arg)
+    if args.reranker in model_types():
+        check_config(args.reranker, overrides, given_as="--model-arg")
+    if args.reranker == "bm25":
+        raise ValueError(f"explain supports the rerankers {', '.join(sorted(EXPLAINERS))}, not 'bm25'")
+    reranker_options = RerankerOptions.from_kwargs(args.reranker, model=args.model, precision=args.precision,
+                                                   device=args.device, **overrides).resolved()
 
     index = args.index
     if index is None:
@@ -84,9 +91,9 @@ def run_explain(args: argparse.Namespace) -> int:
         sample = prepare_sample()
         index = sample.index
         print(f"Embedded sample: {sample.cache}")
-    searcher = RerankingSearcher(index, args.reranker, k1=args.k1, b=args.b, rerank_depth=depth,
-                                 sidecar=args.sidecar or "auto", model=args.model, precision=args.precision,
-                                 device=args.device, **parse_model_args(args.model_arg))
+    # Documents without stored representations are encoded from the index's text: explaining a few is quick.
+    searcher = RerankingSearcher(index, reranker_options, k1=args.k1, b=args.b, rerank_depth=depth,
+                                 sidecar=args.sidecar or "auto", encode_from_text=not args.sidecar)
     try:
         reranker = searcher.reranker
         if getattr(reranker, "model", None) is None or reranker.model.model_type not in EXPLAINERS:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .._cli import run_parsed, setup_logging
+from .._cli import positive_int, run_parsed, setup_logging
 from . import index_collection
 
 
@@ -13,7 +13,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--collection", required=True, help="MS MARCO collection.tsv, JSONL, or a JsonCollection "
                                                             "directory (optionally gzipped)")
     parser.add_argument("--index", required=True, help="index directory to create")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=positive_int, default=1, help="indexing threads")
     parser.add_argument("--strict", action="store_true",
                         help="refuse (exit 2, nothing written) a collection with empty or whitespace-only documents, "
                              "which Lucene does not index; without it they are left out and listed")

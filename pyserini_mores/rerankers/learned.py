@@ -26,6 +26,7 @@ from ..models import (
     pad_documents,
     shipped_models,
 )
+from ..models.checks import check_config, check_model_name
 from ..precision import resolve_device, resolve_precision
 from ..sidecar import BatchBuffer, SidecarRowMismatchError, open_sidecar
 from ..types import Query, Text, copy_candidates
@@ -84,7 +85,7 @@ class ModelReranker(Reranker):
     def __init__(self, model: RankingModel, sidecar=None, *, name: str | None = None, batch_size: int = 250,
                  precision: str = "auto", cast_weights: bool | None = None, remap_by_docid: bool = False,
                  device: str | torch.device | None = "auto"):
-        self.device = resolve_device(device)
+        self.device = device if isinstance(device, torch.device) else resolve_device(device)
         precision = resolve_precision(precision, self.device)
         if sidecar is not None and model.store_width is None:
             raise ValueError(f"model '{model.model_type}' scores text; it cannot read a sidecar")
@@ -491,7 +492,10 @@ def learned_reranker_factory(model_type: str):
                 batch_size: int = 250, precision: str = "auto", cast_weights: bool | None = None,
                 remap_by_docid: bool = False, device: str | torch.device | None = "auto",
                 **model_overrides) -> ModelReranker:
-        device = resolve_device(device)  # a GPU that is not there fails now, not after the model has loaded
+        check_model_name(model)
+        check_config(model_type, model_overrides)
+        if not isinstance(device, torch.device):  # a resolved one (RerankerOptions.resolved) is used as it is
+            device = resolve_device(device)  # a GPU that is not there fails now, not after the model has loaded
         if isinstance(model, RankingModel):
             if model_overrides:
                 raise TypeError("config overrides need a model name or path, not a model instance")

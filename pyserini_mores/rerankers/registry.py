@@ -66,6 +66,17 @@ def list_rerankers() -> list[str]:
     return sorted(set(_FACTORIES) | set(model_types()))
 
 
+def check_reranker_name(name: str) -> str:
+    """``name`` when it is a registered reranker.
+
+    Raises:
+        UnknownRerankerError: naming the known ones.
+    """
+    if name not in list_rerankers():
+        raise UnknownRerankerError(f"unknown reranker '{name}'; known rerankers: {', '.join(list_rerankers())}")
+    return name
+
+
 def get_reranker(name: str, **kwargs) -> Reranker:
     """Build the reranker registered as ``name``; ``kwargs`` go to its factory (e.g. ``model=``, ``sidecar=``)."""
     _load_entry_points()

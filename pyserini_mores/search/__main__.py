@@ -16,12 +16,24 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._cli import command_parser, define_model_args, parse_model_args, run_command
+from .._cli import (
+    command_parser,
+    define_first_stage_args,
+    define_model_args,
+    non_negative_float,
+    non_negative_int,
+    parse_model_args,
+    positive_int,
+    run_command,
+    unit_float,
+)
 from .._jvm import import_pyserini
+from .._model_args import format_model_arg
+from ..errors import InterruptedExit, UsageError
 from ..eval.metrics import evaluate, format_metrics_table
 from ..formats import RUN_FORMATS, read_qrels, read_topics, results_to_run, write_run
 from ..index import fetch_texts, index_identity
-from ..precision import resolve_device
+from ..models.registry import model_types
 from .first_stage import DENSE_FIRST_STAGES, FIRST_STAGES
 from .partial import PartialSearch
 from .topic_search import TopicSearch, budget_report, search_topics
@@ -30,15 +42,14 @@ logger = logging.getLogger(__name__)
 
 
 def define_search_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--index", help="Lucene index directory or Pyserini prebuilt index name "
-                                          "(default: the embedded sample)")
+    define_first_stage_args(parser, threads_help="BM25 threads")
     parser.add_argument("--topics", help="topics: a `qid<TAB>text` TSV file or a Pyserini topics name")
     parser.add_argument("--output", help="run file to write (default: printed summary only for the sample); an "
                         "interrupted search resumes from FILE.partial when the same command runs again")
     parser.add_argument("--restart", action="store_true",
                         help="with --output: discard an interrupted search (FILE.partial) instead of resuming it")
-    parser.add_argument("--output-format", choices=["trec", "msmarco"], default="trec")
-    parser.add_argument("--hits", type=int, default=1000, help="hits per query in the run")
+    parser.add_argument("--output-format", choices=["trec", "msmarco"], default="trec", help="run file format")
+    parser.add_argument("--hits", type=positive_int, default=1000, help="hits per query in the run")
     parser.add_argument("--bm25", action="store_true",
                         help="Pyserini's flag for a BM25 first stage, the default here: accepted so that Pyserini's "
                              "search commands run unchanged")
@@ -47,9 +58,9 @@ def define_search_args(parser: argparse.ArgumentParser) -> None:
                              "document vectors), dense (--dense-index, searched with Pyserini's FaissSearcher), or "
                              "hybrid (Pyserini's HybridSearcher fusing BM25 and --dense-index)")
     parser.add_argument("--rm3", action="store_true", help="Pyserini's flag for --first-stage bm25+rm3")
-    parser.add_argument("--fb-terms", type=int, default=10, help="RM3 expansion terms (Pyserini's set_rm3)")
-    parser.add_argument("--fb-docs", type=int, default=10, help="RM3 feedback documents (Pyserini's set_rm3)")
-    parser.add_argument("--original-query-weight", type=float, default=0.5,
+    parser.add_argument("--fb-terms", type=positive_int, default=10, help="RM3 expansion terms (Pyserini's set_rm3)")
+    parser.add_argument("--fb-docs", type=positive_int, default=10, help="RM3 feedback documents (Pyserini's set_rm3)")
+    parser.add_argument("--original-query-weight", type=unit_float, default=0.5,
                         help="RM3 weight of the original query (Pyserini's set_rm3)")
     parser.add_argument("--dense-index", metavar="DIR",
                         help="with --first-stage dense or hybrid: a Pyserini faiss index directory (files index and "
@@ -76,15 +87,15 @@ def define_search_args(parser: argparse.ArgumentParser) -> None:
                         help="format of --run: trec or msmarco (default: detected)")
     parser.add_argument("--skip-unknown-docids", action="store_true",
                         help="with --run: drop candidates whose docids the index does not hold (default: an error)")
-    parser.add_argument("--k1", type=float, default=None, help="BM25 k1 (default: Pyserini's for the index)")
-    parser.add_argument("--b", type=float, default=None, help="BM25 b (default: Pyserini's for the index)")
-    parser.add_argument("--batch-size", type=int, default=16, help="queries per BM25 batch")
-    parser.add_argument("--threads", type=int, default=1, help="BM25 threads")
+    parser.add_argument("--batch-size", type=positive_int, default=16, help="queries per BM25 batch")
     define_model_args(parser, default_reranker=None, device=True)
     parser.add_argument("--sidecar", default=None, help="sidecar directory (default: beside the index)")
-    parser.add_argument("--rerank-depth", type=int, default=1000, help="first-stage hits reranked per query")
-    parser.add_argument("--rerank-batch-size", type=int, default=250, help="candidates scored per model batch")
-    parser.add_argument("--time-budget-ms", type=float, default=None, metavar="B",
+    parser.add_argument("--encode-from-text", action="store_true",
+                        help="where the reranker's sidecar is missing, encode the documents from their text (slow) "
+                             "instead of refusing")
+    parser.add_argument("--rerank-batch-size", type=positive_int, default=250,
+                        help="candidates scored per model batch")
+    parser.add_argument("--time-budget-ms", type=non_negative_float, default=None, metavar="B",
                         help="per-query rerank time budget in ms (BM25 excluded): rerank the deepest depth <= "
                              "--rerank-depth whose cost, measured once on this machine and cached, fits B; "
                              "0 = BM25 order")
@@ -94,8 +105,9 @@ def define_search_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recalibrate", action="store_true",
                         help="with --time-budget-ms: measure the reranker's cost again instead of using the cache")
     parser.add_argument("--qrels", help="qrels file or Pyserini qrels name: print BM25 and reranked metrics")
-    parser.add_argument("--max-queries", type=int, default=None, help="only the first N topics")
-    parser.add_argument("--examples", type=int, default=None, help="queries to show with their top results")
+    parser.add_argument("--max-queries", type=positive_int, default=None, help="only the first N topics")
+    parser.add_argument("--examples", type=non_negative_int, default=None,
+                        help="queries to show with their top results (default: 3 for the embedded sample, else 0)")
     parser.add_argument("-v", "--verbose", action="store_true")
 
 
@@ -108,18 +120,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_search(args: argparse.Namespace) -> int:
-    first_stage = first_stage_of(args)  # contradictory flags fail before the sample, index or model loads
-    if args.time_budget_ms is not None and not args.time_budget_ms >= 0:
-        raise ValueError("--time-budget-ms must be >= 0")
+    # Every mistake in the flags is refused before the sample, the index, the JVM or a model loads.
+    first_stage = first_stage_options(args)
     if args.restart and not args.output:
-        raise ValueError("--restart discards an interrupted search's FILE.partial: it goes with --output FILE")
-    inputs = resolve_inputs(args)
+        raise UsageError("--restart discards an interrupted search's FILE.partial: it goes with --output FILE")
+    if args.interpolate is not None and not 0 <= args.interpolate <= 1:
+        raise UsageError("--interpolate: the interpolation weight alpha must be within [0, 1], not "
+                         f"{args.interpolate:g}")
+    reranker = reranker_options(args)
+    inputs = resolve_inputs(args, reranker)
     searcher = open_searcher(args, inputs, first_stage)
     print(f"Index: {searcher.index.path} ({searcher.num_docs} documents), first stage: "
           f"{describe_first_stage(searcher, args.run)}; reranker: {describe_reranker(searcher.reranker)}"
           + (f", sidecar {searcher.sidecar_path}" if searcher.sidecar_path else ""))
-    budgeted = args.time_budget_ms is not None and 0 < args.time_budget_ms < float("inf") and args.rerank_depth
-    if budgeted:  # calibrated now, after the sidecar is attached, so that no query's time includes it
+    if searcher.stage_options.budgeted:  # calibrated now, after the sidecar is attached, so no query's time has it
         calibration = searcher.calibrate(recalibrate=args.recalibrate)
         print(f"Time budget {args.time_budget_ms:g} ms/query; calibrated cost {calibration.describe()}")
 
@@ -136,16 +150,61 @@ def run_search(args: argparse.Namespace) -> int:
                   f"{len(inputs.topics)} queries already searched")
     try:
         searched = search_topics(searcher, inputs.topics, hits=args.hits, batch_size=args.batch_size,
-                                 threads=args.threads, keep_bm25=inputs.qrels is not None, candidates=candidates,
-                                 found=found, after_query=partial.add if partial else None)
+                                 threads=args.threads, keep_first_stage=inputs.qrels is not None,
+                                 candidates=candidates, found=found, after_query=partial.add if partial else None)
+    except KeyboardInterrupt:
+        if partial is None:
+            raise
+        partial.write_chunk()  # every query finished so far, before the message says so
+        raise InterruptedExit(f"interrupted: the queries searched so far are kept in {partial.directory}; the same "
+                              "command resumes there") from None
     finally:
-        if partial is not None:  # an error or Ctrl-C keeps every query finished so far
+        if partial is not None:  # an error keeps every query finished so far
             partial.write_chunk()
-    report_search(args, searcher, inputs, searched, first_stage)
+    report_search(args, searcher, inputs, searched, first_stage.kind)
     if partial is not None:
         partial.discard()  # the run file is written
     searcher.close()
     return 0
+
+
+def reranker_options(args: argparse.Namespace):
+    """The reranker the flags ask for (the embedded sample's when neither --index nor --reranker is given), its
+    name, model and config overrides checked and its device resolved, before anything loads."""
+    from ..rerankers.options import RerankerOptions, check_config, check_reranker_name
+    from .sample import DEFAULT_MODEL, DEFAULT_MODEL_ARGS, DEFAULT_RERANKER
+
+    embedded = args.index is None
+    name = check_reranker_name(args.reranker or (DEFAULT_RERANKER if embedded else "bm25"))
+    overrides = parse_model_args(args.model_arg)
+    if name == "bm25":
+        if args.model or overrides:
+            logger.warning("--model and --model-arg are ignored: the bm25 reranker has no model")
+        return RerankerOptions("bm25")
+    model = args.model
+    if embedded and args.reranker is None:
+        model, overrides = model or DEFAULT_MODEL, {**DEFAULT_MODEL_ARGS, **overrides}
+    if name in model_types():
+        check_config(name, overrides, given_as="--model-arg")
+    options = RerankerOptions.from_kwargs(name, model=model, batch_size=args.rerank_batch_size,
+                                          precision=args.precision, device=args.device, **overrides)
+    return options.resolved()  # a GPU that is not there fails now
+
+
+def first_stage_options(args: argparse.Namespace):
+    """The first stage the flags ask for (:class:`~.options.FirstStageOptions`; with --run, the run is the first
+    stage and its kind is unused), contradictory flags refused."""
+    from .first_stage import Dense, Hybrid, Rm3
+    from .options import FirstStageOptions
+
+    kind = first_stage_of(args)
+    rm3 = Rm3(args.fb_terms, args.fb_docs, args.original_query_weight) if kind == "bm25+rm3" else None
+    dense = Dense(args.dense_index, args.encoder, args.pooling, args.l2_norm) if kind in DENSE_FIRST_STAGES else None
+    hybrid = None
+    if kind == "hybrid":
+        hybrid = Hybrid(Hybrid.alpha if args.hybrid_alpha is None else args.hybrid_alpha, args.hybrid_normalization,
+                        args.hybrid_weight_on_dense)
+    return FirstStageOptions(kind, k1=args.k1, b=args.b, rm3=rm3, dense=dense, hybrid=hybrid)
 
 
 # Arguments that do not change the run's lines, and the paths whose contents the identity holds instead
@@ -157,7 +216,9 @@ def search_identity(args: argparse.Namespace, searcher, inputs: SearchInputs) ->
     """What decides a search's run, which an interrupted search must share to be resumed: the other arguments, the
     topics, the index, the reranker with the precision and device it resolved to, the model's weights and tokenizer,
     and the candidates of ``--run``."""
-    identity = {"arguments": {name: value for name, value in vars(args).items() if name not in RESULT_FREE_ARGUMENTS},
+    arguments = {name: value for name, value in vars(args).items() if name not in RESULT_FREE_ARGUMENTS}
+    arguments["model_arg"] = [format_model_arg(*item) for item in args.model_arg]  # as typed: KEY=VALUE
+    identity = {"arguments": arguments,
                 "topics": hashlib.sha256(json.dumps(list(inputs.topics.items())).encode()).hexdigest(),
                 "index": index_identity(searcher.searcher, content=False),
                 "reranker": describe_reranker(searcher.reranker),
@@ -174,14 +235,12 @@ def search_identity(args: argparse.Namespace, searcher, inputs: SearchInputs) ->
 @dataclass
 class SearchInputs:
     """What a search command runs on: the index, topics and qrels (the embedded sample's when no --index), and the
-    reranker with its model and config overrides."""
+    reranker's options."""
 
     index: str
     topics: dict[str, str]
     qrels: dict[str, dict[str, int]] | None
-    reranker: str
-    model: str | None
-    overrides: dict
+    reranker: object  # RerankerOptions
     sample: object | None = None  # the embedded sample, when it is what runs
 
     @property
@@ -189,23 +248,18 @@ class SearchInputs:
         return self.sample is not None
 
 
-def resolve_inputs(args: argparse.Namespace) -> SearchInputs:
-    """The index, topics, qrels and reranker the flags name, or the embedded sample's (prepared on first use)."""
-    from .sample import DEFAULT_MODEL, DEFAULT_MODEL_ARGS, DEFAULT_RERANKER, prepare_sample
+def resolve_inputs(args: argparse.Namespace, reranker) -> SearchInputs:
+    """The index, topics and qrels the flags name, or the embedded sample's (prepared on first use); qrels that
+    judge none of the topics are refused, before any search."""
+    from .sample import prepare_sample
 
     embedded = args.index is None
     if embedded != (args.topics is None):
-        raise ValueError("--index and --topics go together (give neither to run the embedded sample)")
-    overrides = parse_model_args(args.model_arg)
-    reranker_name = args.reranker or (DEFAULT_RERANKER if embedded else "bm25")
-    if reranker_name != "bm25":
-        resolve_device(args.device)  # a GPU that is not there fails now, before the sample, index or model loads
-    model, sample = args.model, None
+        raise UsageError("--index and --topics go together (give neither to run the embedded sample)")
+    sample = None
     if embedded:
         sample = prepare_sample()
         index, topics_arg, qrels_arg = sample.index, str(sample.topics), args.qrels or str(sample.qrels)
-        if args.reranker is None:
-            model, overrides = model or DEFAULT_MODEL, {**DEFAULT_MODEL_ARGS, **overrides}
         print(f"Embedded sample: {sample.cache}")
     else:
         index, topics_arg, qrels_arg = args.index, args.topics, args.qrels
@@ -215,38 +269,36 @@ def resolve_inputs(args: argparse.Namespace) -> SearchInputs:
         topics = dict(list(topics.items())[:args.max_queries])
     qrels = load_qrels(qrels_arg) if qrels_arg else None
     if qrels is not None:  # judge only the topics searched (--max-queries), else the missing ones count as 0
-        qrels = {qid: judged for qid, judged in qrels.items() if qid in topics}
-    return SearchInputs(index=index, topics=topics, qrels=qrels, reranker=reranker_name, model=model,
-                        overrides=overrides, sample=sample)
+        qrels = judged_topics(qrels, topics, qrels_arg)
+    return SearchInputs(index=index, topics=topics, qrels=qrels, reranker=reranker, sample=sample)
 
 
-def open_searcher(args: argparse.Namespace, inputs: SearchInputs, first_stage: str):
+def judged_topics(qrels: dict[str, dict[str, int]], topics: dict[str, str], qrels_arg: str
+                  ) -> dict[str, dict[str, int]]:
+    """The judgements of ``topics``' queries. None at all is refused (the wrong qrels for these topics: a search
+    would end in metrics of nothing); some topics without any is said in a warning with their count."""
+    judged = {qid: judgements for qid, judgements in qrels.items() if qid in topics}
+    if not judged:
+        raise UsageError(f"--qrels {qrels_arg} judges none of the {len(topics)} topics' queries (its first query is "
+                         f"'{next(iter(qrels), '')}', the topics' '{next(iter(topics), '')}'): the qrels of other "
+                         "topics?")
+    if len(judged) < len(topics):
+        logger.warning("--qrels %s judges %d of the %d topics' queries: the metrics are of those %d", qrels_arg,
+                       len(judged), len(topics), len(judged))
+    return judged
+
+
+def open_searcher(args: argparse.Namespace, inputs: SearchInputs, first_stage):
     """The :class:`~.searcher.RerankingSearcher` the flags describe (the sample's own for the embedded default)."""
     # The searcher imports torch: only now, so that --help stays instant.
-    from .first_stage import Dense, Hybrid, Rm3
     from .sample import sample_searcher
     from .searcher import RerankingSearcher
 
-    reranker_kwargs = {}
-    if inputs.reranker != "bm25":
-        reranker_kwargs = {"model": inputs.model, "batch_size": args.rerank_batch_size, "precision": args.precision,
-                           "device": args.device, **inputs.overrides}
-    searcher_kwargs = dict(k1=args.k1, b=args.b, rerank_depth=args.rerank_depth, time_budget_ms=args.time_budget_ms,
-                           interpolate=args.interpolate,
-                           **reranker_kwargs)
-    if first_stage == "bm25+rm3":
-        searcher_kwargs.update(first_stage=first_stage, rm3=Rm3(args.fb_terms, args.fb_docs,
-                                                               args.original_query_weight))
-    if first_stage in DENSE_FIRST_STAGES:
-        searcher_kwargs.update(first_stage=first_stage, dense=Dense(args.dense_index, args.encoder, args.pooling,
-                                                                    args.l2_norm))
-    if first_stage == "hybrid":
-        searcher_kwargs.update(hybrid=Hybrid(Hybrid.alpha if args.hybrid_alpha is None else args.hybrid_alpha,
-                                             args.hybrid_normalization, args.hybrid_weight_on_dense))
+    stage = dict(rerank_depth=args.rerank_depth, time_budget_ms=args.time_budget_ms, interpolate=args.interpolate)
     if inputs.embedded and not args.sidecar:
-        return sample_searcher(inputs.sample, inputs.reranker, **searcher_kwargs)
-    return RerankingSearcher(inputs.index, inputs.reranker, sidecar=args.sidecar or "auto", require_sidecar=True,
-                             **searcher_kwargs)
+        return sample_searcher(inputs.sample, inputs.reranker, first_stage=first_stage, **stage)
+    return RerankingSearcher(inputs.index, inputs.reranker, first_stage=first_stage, sidecar=args.sidecar or "auto",
+                             encode_from_text=args.encode_from_text, **stage)
 
 
 def report_search(args: argparse.Namespace, searcher, inputs: SearchInputs, searched: TopicSearch,
@@ -270,7 +322,7 @@ def report_search(args: argparse.Namespace, searcher, inputs: SearchInputs, sear
         for line in budget_report(list(searched.stats.values()), args.time_budget_ms):
             print(line)
     if inputs.qrels is not None:
-        print_metrics(inputs.qrels, {first_stage_label: searched.bm25, label: results})
+        print_metrics(inputs.qrels, {first_stage_label: searched.first_stage, label: results})
     examples = args.examples if args.examples is not None else (3 if inputs.embedded else 0)
     if examples:
         print_examples(searcher, topics, results, examples)
@@ -280,19 +332,19 @@ def first_stage_of(args: argparse.Namespace) -> str:
     """The Pyserini first stage the flags ask for (with --run, the run is the first stage and this is unused)."""
     first_stage = args.first_stage or ("bm25+rm3" if args.rm3 else "bm25")
     if args.rm3 and first_stage != "bm25+rm3":
-        raise ValueError(f"--rm3 contradicts --first-stage {first_stage}")
+        raise UsageError(f"--rm3 contradicts --first-stage {first_stage}")
     if args.run and (args.rm3 or args.first_stage):
-        raise ValueError("--run replaces the first stage: give either --run or --first-stage/--rm3")
+        raise UsageError("--run replaces the first stage: give either --run or --first-stage/--rm3")
     if (args.run_format or args.skip_unknown_docids) and not args.run:
-        raise ValueError("--run-format and --skip-unknown-docids apply to --run, which is not given")
+        raise UsageError("--run-format and --skip-unknown-docids apply to --run, which is not given")
     needs_dense = first_stage in DENSE_FIRST_STAGES
     if needs_dense and not args.dense_index:
-        raise ValueError(f"--first-stage {first_stage} and --dense-index go together: give the Pyserini dense index")
+        raise UsageError(f"--first-stage {first_stage} and --dense-index go together: give the Pyserini dense index")
     if args.dense_index and not needs_dense:
-        raise ValueError("--dense-index is for --first-stage dense or hybrid")
+        raise UsageError("--dense-index is for --first-stage dense or hybrid")
     hybrid_flags = args.hybrid_alpha is not None or args.hybrid_normalization or args.hybrid_weight_on_dense
     if hybrid_flags and first_stage != "hybrid":
-        raise ValueError("--hybrid-alpha, --hybrid-normalization and --hybrid-weight-on-dense are for "
+        raise UsageError("--hybrid-alpha, --hybrid-normalization and --hybrid-weight-on-dense are for "
                          "--first-stage hybrid")
     return first_stage
 

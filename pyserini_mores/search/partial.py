@@ -137,8 +137,8 @@ def _read_identity(directory: Path) -> dict[str, Any]:
 def _record(qid: str, found: TopicSearch) -> dict[str, Any]:
     record = {"qid": qid, "hits": [_hit_row(hit) for hit in found.results[qid]],
               "stats": dataclasses.asdict(found.stats[qid])}
-    if qid in found.bm25:
-        record["first_stage"] = [_hit_row(hit) for hit in found.bm25[qid]]
+    if qid in found.first_stage:
+        record["first_stage"] = [_hit_row(hit) for hit in found.first_stage[qid]]
     return record
 
 
@@ -152,4 +152,4 @@ def _restore(record: Mapping[str, Any], found: TopicSearch) -> None:
     found.results[qid] = [RerankedHit(*hit) for hit in record["hits"]]
     found.stats[qid] = RerankStats(**record["stats"])
     if "first_stage" in record:
-        found.bm25[qid] = [RerankedHit(*hit) for hit in record["first_stage"]]
+        found.first_stage[qid] = [RerankedHit(*hit) for hit in record["first_stage"]]

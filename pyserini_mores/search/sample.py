@@ -90,8 +90,10 @@ def ensure_sample_sidecar(sample: EmbeddedSample, reranker) -> Path:
     return path
 
 
-def sample_searcher(sample: EmbeddedSample, reranker: str, **searcher_kwargs):
-    """A :class:`RerankingSearcher` over the sample whose learned reranker reads its sidecar, built on first use."""
+def sample_searcher(sample: EmbeddedSample, reranker="maxsim", **searcher_kwargs) -> RerankingSearcher:
+    """A :class:`RerankingSearcher` over the sample whose learned reranker (a name, with ``searcher_kwargs`` for it
+    as for :class:`RerankingSearcher`, or its :class:`~pyserini_mores.rerankers.options.RerankerOptions`) reads
+    its sidecar, built on first use."""
     searcher = RerankingSearcher(sample.index, reranker, sidecar=None, **searcher_kwargs)
     model = getattr(searcher.reranker, "model", None)
     if model is not None and model.store_width is not None:

@@ -16,7 +16,9 @@ from .._jvm import import_pyserini
 from .._model_args import format_model_arg
 from ..formats import RunFormat
 from ..index import ResolvedIndex, fetch_texts, index_identity, open_searcher, resolve_index
+from ..models.loading import shipped_model_path
 from ..rerankers import Reranker, get_reranker
+from ..rerankers.options import RerankerOptions
 from ..sidecar import SidecarContentMismatchError, default_sidecar_path, open_sidecar
 from ..types import (
     Query,
@@ -29,14 +31,12 @@ from ..types import (
 )
 from .calibration import Calibration, CostDrift, calibrate, save_calibration
 from .first_stage import (
-    DENSE_FIRST_STAGES,
     Dense,
     Hybrid,
     Rm3,
     Run,
     candidates_from_run,
     check_dense_docids,
-    check_first_stage,
     dense_candidates,
     enable_rm3,
     hybrid_candidates,
@@ -45,7 +45,8 @@ from .first_stage import (
     open_hybrid_searcher,
     read_candidates,
 )
-from .fusion import check_alpha, interpolate
+from .fusion import interpolate
+from .options import FirstStageOptions, RerankStageOptions
 
 logger = logging.getLogger(__name__)
 
@@ -81,14 +82,16 @@ class RerankingSearcher:
 
     Args:
         index: a Lucene index directory or a Pyserini prebuilt index name.
-        reranker: a :class:`Reranker`, or a registered name (``bm25``, ``maxsim``, ``mores``, ...); with a name,
-            ``reranker_kwargs`` go to its factory (e.g. ``model=``, ``precision=``, ``device="cuda"``,
-            ``remap_by_docid=``). A reranker whose sidecar is already open is refused when that sidecar was built for
+        reranker: a :class:`Reranker`, a registered name (``bm25``, ``maxsim``, ``mores``, ...) or its
+            :class:`~pyserini_mores.rerankers.options.RerankerOptions`; with a name, ``reranker_kwargs`` go to its
+            factory (e.g. ``model=``, ``precision=``, ``device="cuda"``, ``remap_by_docid=``, config keys), checked
+            before anything loads. A reranker whose sidecar is already open is refused when that sidecar was built for
             another index or model.
         k1, b: BM25 parameters (default: Pyserini's for the index).
-        first_stage: ``"bm25"``; ``"bm25+rm3"``: BM25 with RM3 feedback through Pyserini's ``set_rm3`` (the
-            index must store document vectors, as the package's indexer does), with ``rm3``'s parameters;
-            ``"dense"``: the candidates of ``dense``, a Pyserini dense index searched with Pyserini's
+        first_stage: a :class:`~.options.FirstStageOptions` (then without ``k1``, ``b``, ``rm3``, ``dense``,
+            ``hybrid``), or its kind: ``"bm25"``; ``"bm25+rm3"``: BM25 with RM3 feedback through Pyserini's
+            ``set_rm3`` (the index must store document vectors, as the package's indexer does), with ``rm3``'s
+            parameters; ``"dense"``: the candidates of ``dense``, a Pyserini dense index searched with Pyserini's
             ``FaissSearcher``, joined to this Lucene index by docid (it must hold the dense index's documents:
             checked on a sample when opened); ``"hybrid"``: Pyserini's ``HybridSearcher`` over this index's BM25
             (``k1``, ``b``) and ``dense``, its fused candidates joined by docid in the same way. Each query's top
@@ -101,8 +104,10 @@ class RerankingSearcher:
             (:class:`~.first_stage.Hybrid`; default: Pyserini's).
         rerank_depth: how many BM25 hits are reranked.
         sidecar: for rerankers that read stored document representations: a path, ``"auto"`` (the default
-            location beside the index, if built; else documents are encoded from their text, slowly) or ``None``.
-        require_sidecar: fail instead of encoding text when the sidecar is missing.
+            location beside the index) or ``None`` (documents encoded from their text, slowly). A missing sidecar
+            raises :class:`SidecarMissingError`, with the command that builds it.
+        encode_from_text: where the ``"auto"`` sidecar is missing, encode documents from their text instead.
+        require_sidecar: ``False`` is ``encode_from_text=True``; ``True`` (refusing) is the default.
         time_budget_ms: rerank-stage budget per query, in ms (BM25 excluded): each query is reranked to the
             largest depth ``n <= rerank_depth`` whose predicted cost fits (see :mod:`.calibration`); 0 keeps the
             BM25 order; ``None`` or ``inf`` reranks ``rerank_depth`` hits as without a budget. The depth chosen for
@@ -123,53 +128,70 @@ class RerankingSearcher:
         >>> hits = searcher.search("visualize ABI changes of a C library", k=10)  # doctest: +SKIP
     """
 
-    def __init__(self, index: str | os.PathLike | ResolvedIndex, reranker: Reranker | str = "bm25", *,
-                 k1: float | None = None, b: float | None = None, first_stage: str = "bm25",
+    def __init__(self, index: str | os.PathLike | ResolvedIndex,
+                 reranker: Reranker | RerankerOptions | str = "bm25", *,
+                 k1: float | None = None, b: float | None = None, first_stage: str | FirstStageOptions = "bm25",
                  rm3: Rm3 | None = None, dense: Dense | None = None, hybrid: Hybrid | None = None,
                  rerank_depth: int = 1000,
-                 sidecar: str | os.PathLike | None = "auto", require_sidecar: bool = False,
+                 sidecar: str | os.PathLike | None = "auto", require_sidecar: bool | None = None,
+                 encode_from_text: bool = False,
                  time_budget_ms: float | None = None, calibration=None, enforce_deadline: bool = True,
                  interpolate: float | None = None, **reranker_kwargs):
-        if rerank_depth < 0:
-            raise ValueError("rerank_depth must be >= 0")
-        if time_budget_ms is not None and not time_budget_ms >= 0:
-            raise ValueError(f"time_budget_ms must be >= 0 (or None for no budget), not {time_budget_ms}")
+        # Every option is checked before the index, the JVM or a model loads.
+        if isinstance(first_stage, FirstStageOptions):
+            if any(value is not None for value in (k1, b, rm3, dense, hybrid)):
+                raise TypeError("k1, b, rm3, dense and hybrid are part of the FirstStageOptions given as first_stage")
+            first_stage_options = first_stage
+        else:
+            first_stage_options = FirstStageOptions(first_stage, k1=k1, b=b, rm3=rm3, dense=dense, hybrid=hybrid)
+        if require_sidecar is False:  # the former way to ask for text encoding where the sidecar is missing
+            encode_from_text = True
+        stage = RerankStageOptions(rerank_depth=rerank_depth, time_budget_ms=time_budget_ms,
+                                   enforce_deadline=enforce_deadline, interpolate=interpolate, sidecar=sidecar,
+                                   encode_from_text=encode_from_text)
+        reranker_options = None
+        if isinstance(reranker, RerankerOptions):
+            if reranker_kwargs:
+                raise TypeError(f"{', '.join(sorted(reranker_kwargs))}: part of the RerankerOptions given as reranker")
+            reranker_options = reranker.resolved()
+        elif isinstance(reranker, str):
+            reranker_options = RerankerOptions.from_kwargs(reranker, **reranker_kwargs).resolved()
+        elif reranker_kwargs:
+            raise TypeError(f"{', '.join(sorted(reranker_kwargs))}: options of a reranker built by name, not of the "
+                            "Reranker given")
+        self.first_stage_options, self.stage_options = first_stage_options, stage
+
         self.index = index if isinstance(index, ResolvedIndex) else resolve_index(index)
         self.searcher = open_searcher(self.index)
         default_k1, default_b = self.index.default_bm25
-        self.k1 = default_k1 if k1 is None else k1
-        self.b = default_b if b is None else b
+        self.k1 = default_k1 if first_stage_options.k1 is None else first_stage_options.k1
+        self.b = default_b if first_stage_options.b is None else first_stage_options.b
         self.searcher.set_bm25(self.k1, self.b)
-        self.first_stage_name = check_first_stage(first_stage)
-        self.rm3 = (rm3 or Rm3()) if first_stage == "bm25+rm3" else None
+        self.first_stage_name = first_stage_options.kind
+        self.rm3 = first_stage_options.rm3
         if self.rm3 is not None:
             enable_rm3(self.searcher, self.rm3)
-        if first_stage in DENSE_FIRST_STAGES and dense is None:
-            raise ValueError(f"first_stage={first_stage!r} needs dense=Dense(index, encoder)")
-        if dense is not None and first_stage not in DENSE_FIRST_STAGES:
-            raise ValueError(f"dense= is for the dense and hybrid first stages, not {first_stage!r}")
-        if hybrid is not None and first_stage != "hybrid":
-            raise ValueError(f"hybrid= is for the hybrid first stage, not {first_stage!r}")
-        self.dense = dense
-        self.dense_searcher = open_dense_searcher(dense) if dense is not None else None
-        self.hybrid = (hybrid or Hybrid()) if first_stage == "hybrid" else None
+        self.dense = first_stage_options.dense
+        self.dense_searcher = open_dense_searcher(self.dense) if self.dense is not None else None
+        self.hybrid = first_stage_options.hybrid
         self.hybrid_searcher = open_hybrid_searcher(self.dense_searcher, self.searcher) if self.hybrid else None
-        self.rerank_depth = rerank_depth
-        self.time_budget_ms = time_budget_ms
-        self.enforce_deadline = enforce_deadline
-        self.interpolate = None if interpolate is None else check_alpha(interpolate)
+        self.rerank_depth = stage.rerank_depth
+        self.time_budget_ms = stage.time_budget_ms
+        self.enforce_deadline = stage.enforce_deadline
+        self.interpolate = stage.interpolate
         self.calibration: Calibration | None = calibration
         self._calibrating = threading.Lock()  # one measurement when several threads meet an uncalibrated budget
         self._drift: CostDrift | None = None  # set by calibrate(): a cost model handed in is the caller's to keep
         self._calibration_cache: str | os.PathLike | None = None
         self._warned_depth_zero: set[float] = set()
-        self.reranker = get_reranker(reranker, **reranker_kwargs) if isinstance(reranker, str) else reranker
+        self.reranker = reranker if reranker_options is None else \
+            get_reranker(reranker_options.name, **reranker_options.factory_kwargs())
         self.sidecar_path: Path | None = None
         if hasattr(getattr(self.reranker, "sidecar", None), "check_built_for"):
             self._check_attached_sidecar()
         elif getattr(self.reranker, "model", None) is not None and self.reranker.model.store_width is not None \
-                and getattr(self.reranker, "sidecar", None) is None and sidecar is not None:
-            self.attach_sidecar(sidecar, require_sidecar)
+                and getattr(self.reranker, "sidecar", None) is None and stage.sidecar is not None:
+            self.attach_sidecar(stage.sidecar, required=not stage.encode_from_text)
         if self.dense_searcher is not None:
             check_dense_docids(self.dense_searcher, self.rows_for_docids)
 
@@ -181,9 +203,7 @@ class RerankingSearcher:
         path = default_sidecar_path(self.index.path, self.reranker.name, model) if sidecar == "auto" else Path(sidecar)
         if not path.exists():
             if required or sidecar != "auto":
-                raise SidecarMissingError(
-                    f"no sidecar at {path}. Build it with:\n  {sidecar_build_command(self, path)}"
-                )
+                raise SidecarMissingError(missing_sidecar_message(path, sidecar_build_command(self, path)))
             logger.warning("no sidecar at %s: documents will be encoded from their text (slow)", path)
             return
         try:
@@ -236,7 +256,12 @@ class RerankingSearcher:
             self._refuse_lucene_options(query_generator, fields, strip_segment_id, remove_dups)
             candidates = self.first_stage([q], ["q"], k)["q"]
         else:
-            candidates = self.searcher.search(q, k=self.candidate_depth(k), **lucene_options)
+            try:
+                candidates = self.searcher.search(q, k=self.candidate_depth(k), **lucene_options)
+            except Exception as error:
+                if type(error).__name__ != "JavaException":  # Java exceptions arrive as jnius.JavaException
+                    raise
+                raise lucene_refusal(self.searcher, [q], ["q"], error) from None
         ranked, stats = self.rerank_hits(q, candidates)
         return ranked[:k], stats
 
@@ -288,7 +313,19 @@ class RerankingSearcher:
         if self.dense_searcher is not None:
             return dense_candidates(self.dense_searcher, queries, qids, self.candidate_depth(k), threads,
                                     self.rows_for_docids)
-        return self.searcher.batch_search(list(queries), list(qids), k=self.candidate_depth(k), threads=threads)
+        return self._lucene_search(queries, qids, self.candidate_depth(k), threads)
+
+    def _lucene_search(self, queries: Sequence[str], qids: Sequence[str], depth: int,
+                       threads: int = 1) -> dict[str, list]:
+        """Pyserini's batch search, a query Lucene refuses (more distinct terms than its clause limit) named."""
+        try:
+            if len(queries) == 1:  # Lucene's own exception; a batch's says only that a task failed
+                return {qids[0]: self.searcher.search(queries[0], k=depth)}
+            return self.searcher.batch_search(list(queries), list(qids), k=depth, threads=threads)
+        except Exception as error:
+            if type(error).__name__ != "JavaException":
+                raise
+            raise lucene_refusal(self.searcher, queries, qids, error) from None
 
     def rerank_run(self, run: Run | str | os.PathLike, topics: dict[str, str], k: int = 10, *,
                    run_format: RunFormat | None = None,
@@ -618,16 +655,52 @@ def _below(head: list[RerankedHit], tail: list[RerankedHit], start_rank: int) ->
     return tail
 
 
+class QueryRefusedError(ValueError):
+    """Lucene cannot run a query (e.g. one with more distinct terms than its clause limit)."""
+
+
+def lucene_refusal(lucene_searcher, queries: Sequence[str], qids: Sequence[str],
+                   error: Exception) -> Exception:
+    """The error to raise for ``error``, a Java exception from searching ``queries``: a :class:`QueryRefusedError`
+    naming the first query Lucene refuses on its own, or ``error`` itself when each runs alone."""
+    for query, qid in zip(queries, qids):
+        try:
+            lucene_searcher.search(query, k=1)
+        except Exception as own:  # noqa: BLE001 - Java exceptions arrive as jnius.JavaException
+            if type(own).__name__ != "JavaException":
+                raise
+            reason = str(own).splitlines()[0].removeprefix("JVM exception occurred: ")
+            if "TooManyClauses" in reason:
+                limit = reason.rsplit(" ", 1)[-1]
+                reason = f"it has more distinct terms than Lucene's clause limit ({limit})"
+            return QueryRefusedError(f"query {qid} ({len(query):,} characters) cannot be searched: {reason}; "
+                                     "shorten it")
+    return error
+
+
+def missing_sidecar_message(path: Path, build_command: str) -> str:
+    """One line, the same from the Python API and the command line: where the sidecar was looked for, the command that
+    builds it, and how to encode the documents from their text instead."""
+    return (f"no sidecar at {path}: build it with `{build_command}`, or encode the documents from their text instead "
+            "(slow; --encode-from-text, or encode_from_text=True in Python)")
+
+
 def sidecar_build_command(searcher: RerankingSearcher, output: Path) -> str:
-    return build_command_for(searcher.index.prebuilt_name or searcher.index.path, searcher.reranker.name,
-                             searcher.reranker.model, output)
+    """The ``sidecar build`` command for ``searcher``'s reranker, ``--output`` only when not the default place."""
+    model = searcher.reranker.model
+    default = default_sidecar_path(searcher.index.path, searcher.reranker.name, model)
+    return build_command_for(searcher.index.prebuilt_name or searcher.index.path, searcher.reranker.name, model,
+                             None if Path(output) == default else output)
 
 
 def build_command_for(index, reranker: str, model, output: Path | None = None) -> str:
     """The ``sidecar build`` command that writes ``model``'s sidecar: the model as it was loaded (its source and
     overrides, printed so that ``--model-arg`` reads them back), and ``--output`` when not the default place."""
+    source = getattr(model, "source", None) or model.config.backbone
+    if source and shipped_model_path(Path(source).name) == Path(source):  # a shipped model: by its name
+        source = Path(source).name
     parts = ["python -m pyserini_mores.sidecar build", f"--index {index}", f"--reranker {reranker}",
-             f"--model {getattr(model, 'source', None) or model.config.backbone}"]
+             f"--model {source}"]
     parts += [f"--model-arg {format_model_arg(key, value)}"
               for key, value in getattr(model, "source_overrides", {}).items()]
     if output is not None:

@@ -15,43 +15,44 @@ from ..types import RerankedHit, RerankStats, first_stage_hits
 @dataclass
 class TopicSearch:
     """What :func:`search_topics` found, by qid in the topics' order: the reranked hits, what the rerank stage did,
-    and (when kept) BM25's own top hits."""
+    and (when kept) the first stage's own top hits (BM25's, BM25 + RM3's, the dense index's, the hybrid's or a
+    run's)."""
 
     results: dict[str, list[RerankedHit]] = field(default_factory=dict)
     stats: dict[str, RerankStats] = field(default_factory=dict)
-    bm25: dict[str, list[RerankedHit]] = field(default_factory=dict)
+    first_stage: dict[str, list[RerankedHit]] = field(default_factory=dict)
 
 
 def search_topics(searcher, topics: dict[str, str], *, hits: int = 1000, batch_size: int = 16, threads: int = 1,
-                  keep_bm25: bool = False, progress: bool = True, candidates: dict[str, list] | None = None,
+                  keep_first_stage: bool = False, progress: bool = True, candidates: dict[str, list] | None = None,
                   found: TopicSearch | None = None,
                   after_query: Callable[[str, TopicSearch], None] | None = None) -> TopicSearch:
     """The top ``hits`` of every topic (qid → text) with ``searcher``: its first stage for ``batch_size`` queries at
     a time on ``threads`` threads (or the given ``candidates``, qid → hits, e.g. from a run), then each query
-    reranked in turn (so that its rerank time is its own). ``keep_bm25`` also keeps the first stage's top ``hits``,
-    e.g. to evaluate both.
+    reranked in turn (so that its rerank time is its own). ``keep_first_stage`` also keeps the first stage's top
+    ``hits``, e.g. to evaluate both.
 
     ``found``: what an interrupted search of the same topics found (the queries it holds, a prefix of ``topics``,
     are not searched again; the others are added to it). ``after_query(qid, found)``: called as each query is done.
     """
     found = TopicSearch() if found is None else found
     qids = [qid for qid in topics if qid not in found.results]
-    bar = tqdm(total=len(topics), initial=len(topics) - len(qids), unit="query", desc="search",
-               disable=not progress)
-    for start in range(0, len(qids), batch_size):
-        batch = qids[start:start + batch_size]
-        batch_candidates = candidates if candidates is not None else \
-            searcher.first_stage([topics[qid] for qid in batch], batch, k=hits, threads=threads)
-        for qid in batch:
-            first_stage = list(batch_candidates.get(qid, []))
-            if keep_bm25:
-                found.bm25[qid] = first_stage_hits(first_stage[:hits])
-            ranked, found.stats[qid] = searcher.rerank_hits(topics[qid], first_stage)
-            found.results[qid] = ranked[:hits]
-            if after_query is not None:
-                after_query(qid, found)
-            bar.update(1)
-    bar.close()
+    # Closed however the loop ends, so that an error's line starts on a line of its own.
+    with tqdm(total=len(topics), initial=len(topics) - len(qids), unit="query", desc="search",
+              disable=not progress) as bar:
+        for start in range(0, len(qids), batch_size):
+            batch = qids[start:start + batch_size]
+            batch_candidates = candidates if candidates is not None else \
+                searcher.first_stage([topics[qid] for qid in batch], batch, k=hits, threads=threads)
+            for qid in batch:
+                first_stage = list(batch_candidates.get(qid, []))
+                if keep_first_stage:
+                    found.first_stage[qid] = first_stage_hits(first_stage[:hits])
+                ranked, found.stats[qid] = searcher.rerank_hits(topics[qid], first_stage)
+                found.results[qid] = ranked[:hits]
+                if after_query is not None:
+                    after_query(qid, found)
+                bar.update(1)
     return found
 
 

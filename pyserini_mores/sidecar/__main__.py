@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .._cli import define_model_args, parse_model_args, run_parsed
+from ..errors import UsageExit
 from ..precision import resolve_device
 from .assemble import assemble_shards
 from .codecs import CODECS, codec_options
@@ -174,7 +175,7 @@ def _build(args: argparse.Namespace) -> int:
             import_ray()  # before loading any model: say at once what to install
         resolve_device(options.device)  # likewise: a GPU that is not there fails before the model loads
     except (ValueError, ImportError) as error:
-        raise SystemExit(f"error: {error}") from None
+        raise UsageExit(f"{error}") from None
     name, model = _stored_model(args)
     path = run_build(dataclasses.replace(options, reranker=name, model=ModelSource.of(model)), model)
     print(f"sidecar written to {path}")
@@ -184,12 +185,15 @@ def _build(args: argparse.Namespace) -> int:
 def _stored_model(args: argparse.Namespace):
     """The reranker's name and its model, which must store document representations."""
     from ..rerankers import LEARNED_RERANKERS, get_reranker
+    from ..rerankers.options import check_config
 
     if not args.reranker:
-        raise SystemExit("error: --reranker is required")
+        raise UsageExit("--reranker is required")
     overrides = parse_model_args(args.model_arg)
     if args.max_length:
         overrides["doc_max_length"] = args.max_length
+    if args.reranker in LEARNED_RERANKERS:  # refused before the model loads, naming the keys the model knows
+        check_config(args.reranker, overrides, given_as="--model-arg")
     learned = args.reranker in LEARNED_RERANKERS or args.model or overrides
     # The built-in learned rerankers place their model on the device; run_build moves a plugin's there.
     placed = {"device": args.device} if args.reranker in LEARNED_RERANKERS else {}
@@ -197,7 +201,7 @@ def _stored_model(args: argparse.Namespace):
                 else get_reranker(args.reranker))
     model = getattr(reranker, "model", None)
     if model is None or model.store_width is None:
-        raise SystemExit(f"error: reranker '{args.reranker}' stores no document representations; "
+        raise UsageExit(f"reranker '{args.reranker}' stores no document representations; "
                          "it needs no sidecar")
     return reranker.name, model
 

@@ -27,24 +27,27 @@ import os
 import sys
 from pathlib import Path
 
-from .._cli import parse_model_args, run_parsed, setup_logging
+from .._cli import define_first_stage_args, parse_model_args, positive_int, run_parsed, setup_logging
+from ..errors import UsageExit
 from ..precision import PRECISION_CHOICES
 
 S = argparse.SUPPRESS  # options left out of the namespace unless given, so a recipe's value is not overridden
 
 
 def define_mine_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--index", help="Lucene index: BM25 candidates (unless --run) and document text "
-                                        "(unless --collection)")
+    define_first_stage_args(parser, rerank_depth=None,
+                            index_help="Lucene index: BM25 candidates (unless --run) and document text (unless "
+                                       "--collection)")
     parser.add_argument("--topics", required=True, help="queries TSV (qid<TAB>text)")
     parser.add_argument("--qrels", required=True, help="TREC qrels: the positives, and documents never to use "
                                                        "as negatives")
     parser.add_argument("--run", help="first-stage run file (TREC or MS MARCO format) instead of BM25")
     parser.add_argument("--collection", help="collection file (TSV or JSONL) for document text instead of "
                                              "the index's stored text")
-    parser.add_argument("--negatives-per-query", type=int, default=1, metavar="N",
+    parser.add_argument("--negatives-per-query", type=positive_int, default=1, metavar="N",
                         help="negatives sampled per query (each paired with every positive; default 1)")
-    parser.add_argument("--depth", type=int, default=100, help="sample negatives from the top DEPTH (default 100)")
+    parser.add_argument("--depth", type=positive_int, default=100,
+                        help="sample negatives from the top DEPTH (default 100)")
     parser.add_argument("--output", required=True, help="triples TSV to write (query<TAB>positive<TAB>negative)")
     parser.add_argument("--teacher-scores", action="store_true",
                         help="also write the --run's scores of each positive and negative (fields 4 and 5): the run "
@@ -53,9 +56,6 @@ def define_mine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--relevance-level", type=int, default=1,
                         help="lowest grade that makes a positive (any grade > 0 excludes a negative)")
-    parser.add_argument("--k1", type=float, default=None, help="BM25 k1 (default: the index's, as search uses)")
-    parser.add_argument("--b", type=float, default=None, help="BM25 b")
-    parser.add_argument("--threads", type=int, default=1)
 
 
 def define_train_args(parser: argparse.ArgumentParser) -> None:
@@ -244,9 +244,9 @@ def run_mine(args: argparse.Namespace) -> None:
     from .data import collection_texts, mine_negatives, write_triples
 
     if args.index is None and (args.run is None or args.collection is None):
-        raise SystemExit("error: mine-negatives needs --index, or both --run and --collection")
+        raise UsageExit("mine-negatives needs --index, or both --run and --collection")
     if args.teacher_scores and args.run is None:
-        raise SystemExit("error: --teacher-scores takes the scores of --run (a teacher reranker's run); give --run")
+        raise UsageExit("--teacher-scores takes the scores of --run (a teacher reranker's run); give --run")
     topics, qrels = read_topics(args.topics), read_qrels(args.qrels)
     searcher, scores = None, None
     if args.run is not None:
@@ -280,18 +280,24 @@ def run_mine(args: argparse.Namespace) -> None:
 
 
 def run_train(args: argparse.Namespace) -> None:
+    from ..models.registry import model_types
     from .recipes import merge_settings
     from .trainer import TrainingSettings, train
 
     values = merge_settings("train", args.recipe, _given(args, ("command", "recipe", "resume", "quiet")))
     missing = [name for name in ("model_type", "init", "triples") if values.get(name) is None]
     if missing:
-        raise SystemExit(f"error: train needs {', '.join('--' + m.replace('_', '-') for m in missing)} "
+        raise UsageExit(f"train needs {', '.join('--' + m.replace('_', '-') for m in missing)} "
                          "(or a recipe that sets them)")
+    from ..rerankers.options import check_config
+
+    if values["model_type"] in model_types():  # GloVe's max_words is an option of the init, not of the config
+        check_config(values["model_type"], {key: value for key, value in values.get("model_args", {}).items()
+                                            if key != "max_words"}, given_as="--model-arg")
     try:
         settings = TrainingSettings(**values)
     except (TypeError, ValueError) as error:
-        raise SystemExit(f"error: {error}") from None
+        raise UsageExit(f"{error}") from None
     result = train(settings, resume=args.resume, progress=not args.quiet)
     print(f"saved {settings.model_type} to {result.output} after {result.global_step}/{result.total_steps} steps "
           f"in {result.seconds:.0f} s ({result.pairs_per_second:.1f} pairs/s)"
@@ -313,7 +319,7 @@ def run_compressor(args: argparse.Namespace) -> None:
                             _given(args, ("command", "recipe", "quiet", "resume")))
     missing = [name for name in ("init", "texts") if values.get(name) is None]
     if missing:
-        raise SystemExit(f"error: pretrain-compressor needs {', '.join('--' + m for m in missing)}")
+        raise UsageExit(f"pretrain-compressor needs {', '.join('--' + m for m in missing)}")
     if values.get("queries") is not None:
         values["queries"] = list(read_topics(values["queries"]).values())
     init, texts, output = values.pop("init"), values.pop("texts"), values.pop("output")
@@ -405,7 +411,7 @@ def run_recipes(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_parsed(build_parser(), _run, argv, exit_on_error=True)
+    return run_parsed(build_parser(), _run, argv, usage_exit=True)
 
 
 def _run(args: argparse.Namespace) -> None:
