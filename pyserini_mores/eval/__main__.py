@@ -112,9 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command; exit status 0, 1 for an unreadable or malformed file, 2 for bad arguments."""
+    """Run the command; exit status 0, or 2 for bad arguments and for an unreadable or malformed file (one line)."""
     parser = build_parser()
-    return run_parsed(parser, lambda args: run_eval(parser, args), argv, error_status=1)
+    return run_parsed(parser, lambda args: run_eval(parser, args), argv)
 
 
 def run_eval(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:

@@ -344,7 +344,7 @@ def test_cli_reports_a_malformed_run_with_its_line(cli_files, capsys, tmp_path):
     qrels = cli_files[0]
     broken = tmp_path / "broken.trec"
     broken.write_text("q0 Q0 rel0 1 1.0 t\nq0 Q0 other 2 oops t\n")
-    assert main(["--qrels", str(qrels), str(broken)]) == 1
+    assert main(["--qrels", str(qrels), str(broken)]) == 2
     assert "broken.trec, line 2: score 'oops' is not a number" in capsys.readouterr().err
 
 
