@@ -25,7 +25,7 @@ def test_a_search_command_parses_to_the_values_the_cli_would_use():
 def test_a_rejected_flag_says_what_argparse_says():
     with pytest.raises(ValueError, match=r"unrecognized arguments: --no-such-flag"):
         parse_arguments(cli_parser("pyserini_mores.search"), ["--no-such-flag"])
-    with pytest.raises(ValueError, match=r"argument --rerank-depth: invalid int value: 'deep'"):
+    with pytest.raises(ValueError, match=r"argument --rerank-depth: must be an integer >= 0, not 'deep'"):
         parse_arguments(cli_parser("pyserini_mores.search"), ["--rerank-depth", "deep"])
 
 
