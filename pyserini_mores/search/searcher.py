@@ -184,6 +184,7 @@ class RerankingSearcher:
         self._drift: CostDrift | None = None  # set by calibrate(): a cost model handed in is the caller's to keep
         self._calibration_cache: str | os.PathLike | None = None
         self._warned_depth_zero: set[float] = set()
+        self._rescales = 0  # how often this searcher rescaled its cost model (the first is a warning)
         self.reranker = reranker if reranker_options is None else \
             get_reranker(reranker_options.name, **reranker_options.factory_kwargs())
         self.sidecar_path: Path | None = None
@@ -456,9 +457,13 @@ class RerankingSearcher:
             before = self.calibration.describe()
             self.calibration = self.calibration.rescaled(factor)
             path = save_calibration(self.calibration, self._calibration_cache)
-        logger.warning("rerank times of %s are %.2fx what its cost model predicts (%s) over the last queries: the "
-                       "model is now %s, saved to %s (--recalibrate measures it again)", self.reranker.name, factor,
-                       before, self.calibration.describe(), path)
+            self._rescales += 1
+        # The first rescale tells the user the machine is not as fast as when it was measured; under a load that
+        # keeps changing, the later ones would repeat that every few queries, so they are logged at INFO (-v).
+        log = logger.warning if self._rescales == 1 else logger.info
+        log("rerank times of %s are %.2fx what its cost model predicts (%s) over the last queries: the model is now "
+            "%s, saved to %s (--recalibrate measures it again)", self.reranker.name, factor, before,
+            self.calibration.describe(), path)
 
     def depth_for(self, num_hits: int, time_budget_ms: float | None | _SearcherBudget = SEARCHER_BUDGET) -> int:
         """How many of ``num_hits`` BM25 hits are reranked under ``time_budget_ms`` (default: the searcher's

@@ -348,6 +348,23 @@ def test_times_that_drift_from_the_cost_model_rescale_it_and_the_cache(slow_sear
     assert slow_searcher.calibrate(recalibrate=True, cache_dir=cache, num_queries=1, repeats=1).scale == 1.0
 
 
+def test_only_the_first_rescale_of_a_searcher_is_a_warning(slow_searcher, tmp_path, caplog):
+    """Under a load that keeps changing, the cost model is rescaled every few queries: the user is warned once, and
+    the later rescales are logged at INFO (shown with -v)."""
+    import logging
+
+    from pyserini_mores.search.calibration import DRIFT_MIN_QUERIES
+
+    _cached_calibration(slow_searcher, tmp_path, fixed_ms=1.0, per_candidate_ms=1.0)
+    caplog.set_level(logging.INFO, logger=searcher_module.__name__)
+    for observed_ms in (40.0, 400.0, 4000.0):  # 2 candidates, each time 10x or more what the current model predicts
+        for _ in range(DRIFT_MIN_QUERIES):
+            slow_searcher._observe_cost(2, observed_ms)
+    rescales = [record.levelno for record in caplog.records if "what its cost model predicts" in record.getMessage()]
+    assert rescales == [logging.WARNING, logging.INFO, logging.INFO]
+    assert slow_searcher.calibration.predict_ms(2) == pytest.approx(4000.0)
+
+
 def test_times_within_the_drift_factor_leave_the_cost_model_alone(slow_searcher, lucene, tmp_path):
     """25 ms per candidate measured, 20 ms observed (0.8 of the prediction): within DRIFT_FACTOR, kept."""
     from pyserini_mores.search.calibration import DRIFT_MIN_QUERIES
