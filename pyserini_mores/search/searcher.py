@@ -251,18 +251,13 @@ class RerankingSearcher:
                           ) -> tuple[list[RerankedHit], RerankStats]:
         """:meth:`search`, and what its rerank stage did."""
         _check_query_text(q)
-        lucene_options = dict(query_generator=query_generator, fields=fields or {},
-                              strip_segment_id=strip_segment_id, remove_dups=remove_dups)
         if self.dense_searcher is not None:
             self._refuse_lucene_options(query_generator, fields, strip_segment_id, remove_dups)
             candidates = self.first_stage([q], ["q"], k)["q"]
         else:
-            try:
-                candidates = self.searcher.search(q, k=self.candidate_depth(k), **lucene_options)
-            except Exception as error:
-                if type(error).__name__ != "JavaException":  # Java exceptions arrive as jnius.JavaException
-                    raise
-                raise lucene_refusal(self.searcher, [q], ["q"], error) from None
+            candidates = self._lucene_search([q], ["q"], self.candidate_depth(k), query_generator=query_generator,
+                                             fields=fields or {}, strip_segment_id=strip_segment_id,
+                                             remove_dups=remove_dups)["q"]
         ranked, stats = self.rerank_hits(q, candidates)
         return ranked[:k], stats
 
@@ -305,26 +300,27 @@ class RerankingSearcher:
         ``LuceneSearcher.batch_search``'s (BM25 first stages only)."""
         if self.dense_searcher is not None:
             self._refuse_lucene_options(query_generator, fields)
-        elif query_generator is not None or fields:
-            return self.searcher.batch_search(list(queries), list(qids), k=self.candidate_depth(k), threads=threads,
-                                              query_generator=query_generator, fields=fields or {})
         if self.hybrid_searcher is not None:
             return hybrid_candidates(self.hybrid_searcher, self.hybrid, queries, qids, self.candidate_depth(k),
                                      threads, self.rows_for_docids)
         if self.dense_searcher is not None:
             return dense_candidates(self.dense_searcher, queries, qids, self.candidate_depth(k), threads,
                                     self.rows_for_docids)
-        return self._lucene_search(queries, qids, self.candidate_depth(k), threads)
+        return self._lucene_search(queries, qids, self.candidate_depth(k), threads,
+                                   query_generator=query_generator, fields=fields or {})
 
-    def _lucene_search(self, queries: Sequence[str], qids: Sequence[str], depth: int,
-                       threads: int = 1) -> dict[str, list]:
-        """Pyserini's batch search, a query Lucene refuses (more distinct terms than its clause limit) named."""
+    def _lucene_search(self, queries: Sequence[str], qids: Sequence[str], depth: int, threads: int = 1, *,
+                       query_generator=None, fields: dict | None = None, **search_options) -> dict[str, list]:
+        """Pyserini's search (one query; ``search_options`` are ``LuceneSearcher.search``'s
+        ``strip_segment_id`` and ``remove_dups``) or batch search, a query Lucene refuses (more distinct terms than
+        its clause limit) named."""
+        options = dict(query_generator=query_generator, fields=fields or {})
         try:
             if len(queries) == 1:  # Lucene's own exception; a batch's says only that a task failed
-                return {qids[0]: self.searcher.search(queries[0], k=depth)}
-            return self.searcher.batch_search(list(queries), list(qids), k=depth, threads=threads)
+                return {qids[0]: self.searcher.search(queries[0], k=depth, **options, **search_options)}
+            return self.searcher.batch_search(list(queries), list(qids), k=depth, threads=threads, **options)
         except Exception as error:
-            if type(error).__name__ != "JavaException":
+            if type(error).__name__ != "JavaException":  # Java exceptions arrive as jnius.JavaException
                 raise
             raise lucene_refusal(self.searcher, queries, qids, error) from None
 
