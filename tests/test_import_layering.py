@@ -12,7 +12,7 @@ The layers, highest first (a module may import its own layer and those below; a 
     sidecar    sidecar
     base       models, index, formats, types and the low-level helpers (``_jvm``, ``_io``, ``_lazy``,
                ``_model_args``, ``cache``, ``errors``, ``precision``, ``_start_hook``, ``_pyserini_start``,
-               ``_openai_deferred``)
+               ``_openai_deferred``, ``windows``)
 
 ``pyserini_mores/__init__.py`` belongs to the base layer: its public names are re-exported lazily, by module name
 through ``importlib`` (so that ``import pyserini_mores`` starts neither torch nor the JVM), which is no import here;
@@ -36,7 +36,7 @@ LAYER_OF_PACKAGE = {
     "sidecar": "sidecar",
     "models": "base", "index": "base", "formats": "base", "types": "base",
     "_jvm": "base", "_io": "base", "_lazy": "base", "precision": "base", "_model_args": "base", "cache": "base",
-    "errors": "base", "_start_hook": "base", "_pyserini_start": "base", "_openai_deferred": "base",
+    "errors": "base", "windows": "base", "_start_hook": "base", "_pyserini_start": "base", "_openai_deferred": "base",
 }
 
 
