@@ -296,6 +296,46 @@ class SidecarReader(ManifestMetadata):
             if end > start:
                 mapped.madvise(mmap.MADV_WILLNEED, start, end - start)
 
+    def window_spans(self, rows: Sequence[int] | np.ndarray, first_only: bool = False
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Where the windows of ``rows`` lie in ``tokens.bin``: ``(starts, lengths, owners)``, ``[W]`` int64 each, the
+        windows of ``rows[i]`` consecutive (its first window first) with ``owners == i``; only each row's first
+        window when ``first_only``. A sidecar built without windows has one window per row: the row itself."""
+        rows = self._check_rows(rows)
+        starts = np.asarray(self.offsets[rows])
+        lengths = np.asarray(self.offsets[rows + 1]) - starts
+        return starts, lengths, np.arange(len(rows), dtype=np.int64)
+
+    def get_spans(self, starts: np.ndarray, lengths: np.ndarray, device: str | torch.device = "cpu",
+                  dtype: torch.dtype | str | None = "float32", buffer: BatchBuffer | None = None,
+                  heads: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`get_batch` of token spans (``tokens[starts[i]:starts[i] + lengths[i]]``, e.g. from
+        :meth:`window_spans`) instead of rows."""
+        import torch
+
+        starts = np.asarray(starts, dtype=np.int64)
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if len(starts) and (starts.min() < 0 or int((starts + lengths).max()) > self.num_tokens):
+            raise IndexError(f"token spans reach beyond the {self.num_tokens} tokens of sidecar {self.path}")
+        check_heads(heads, self.dim)
+        max_len = int(lengths.max()) if len(starts) else 0
+        self._check_tokens(starts, lengths)
+        if self.manifest.compressed:  # codes are decoded token-major, then transposed
+            padded = self._gather_padded(starts, lengths, max_len, buffer)
+            padded = torch.from_numpy(self._decode_padded(padded.numpy(), lengths))
+            if heads is not None:
+                padded = head_major(padded, heads)
+        else:
+            padded = self._gather_padded(starts, lengths, max_len, buffer, heads)
+        docs = padded.to(device)
+        target = None if dtype is None else torch_dtype(dtype)
+        if target is not None and target != docs.dtype:
+            if buffer is not None and docs.device.type == "cpu":
+                docs = buffer.take("converted", docs.shape, target).copy_(docs)
+            else:
+                docs = docs.to(target)
+        return docs, torch.from_numpy(lengths.astype(np.int64)).to(device)
+
     def get_batch(self, rows: Sequence[int] | np.ndarray, device: str | torch.device = "cpu",
                   dtype: torch.dtype | str | None = "float32", buffer: BatchBuffer | None = None,
                   heads: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -318,29 +358,10 @@ class SidecarReader(ManifestMetadata):
             ``lengths [B]`` (int64), both on ``device``. ``Lmax`` is the longest of the batch (0 when every document
             is empty).
         """
-        import torch
-
         rows = self._check_rows(rows)
-        check_heads(heads, self.dim)
         starts = np.asarray(self.offsets[rows])
         lengths = np.asarray(self.offsets[rows + 1]) - starts
-        max_len = int(lengths.max()) if len(rows) else 0
-        self._check_tokens(starts, lengths)
-        if self.manifest.compressed:  # codes are decoded token-major, then transposed
-            padded = self._gather_padded(starts, lengths, max_len, buffer)
-            padded = torch.from_numpy(self._decode_padded(padded.numpy(), lengths))
-            if heads is not None:
-                padded = head_major(padded, heads)
-        else:
-            padded = self._gather_padded(starts, lengths, max_len, buffer, heads)
-        docs = padded.to(device)
-        target = None if dtype is None else torch_dtype(dtype)
-        if target is not None and target != docs.dtype:
-            if buffer is not None and docs.device.type == "cpu":
-                docs = buffer.take("converted", docs.shape, target).copy_(docs)
-            else:
-                docs = docs.to(target)
-        return docs, torch.from_numpy(lengths.astype(np.int64)).to(device)
+        return self.get_spans(starts, lengths, device, dtype, buffer, heads)
 
     def _gather_padded(self, starts: np.ndarray, lengths: np.ndarray, max_len: int,
                        buffer: BatchBuffer | None, heads: int | None = None) -> torch.Tensor:
