@@ -1,6 +1,7 @@
 """Test helpers: re-seal a sidecar manifest edited by a test (its ``manifest_sha256`` and ``checksums.bin``), to
 simulate a writer that wrote a consistent but wrong manifest, which the checks behind the manifest checksum catch;
-and turn a sidecar into the format 1 layout that sidecars built before format 2 have."""
+and turn a sidecar into the format 2 layout (no window map) or the format 1 layout that sidecars built before format
+2 have."""
 from __future__ import annotations
 
 import json
@@ -8,7 +9,15 @@ from pathlib import Path
 
 import numpy as np
 
-from pyserini_mores.sidecar.format import BLOCK_CHECKSUMS, CONTENT, MANIFEST, Manifest, file_checksum, manifest_digest
+from pyserini_mores.sidecar.format import (
+    BLOCK_CHECKSUMS,
+    CONTENT,
+    MANIFEST,
+    WINDOW_FILES,
+    Manifest,
+    file_checksum,
+    manifest_digest,
+)
 from pyserini_mores.sidecar.integrity import block_crcs
 
 
@@ -27,10 +36,27 @@ def reseal(path: Path) -> None:
     (path / MANIFEST).write_text(json.dumps(data))
 
 
+def to_format_2(path: Path) -> None:
+    """Turn the format 3 sidecar at ``path``, built with one window per document, into the format 2 layout it would
+    have had: no ``windows.bin``, no ``window_offsets.bin``, no ``windows`` manifest field (the files that stay are
+    what format 2 wrote; ``checksums.bin`` loses the window files' blocks, which come last)."""
+    data = json.loads((path / MANIFEST).read_text())
+    if data["format_version"] < 3:
+        return
+    for name in WINDOW_FILES:
+        (path / name).unlink(missing_ok=True)
+        data["files"].pop(name, None)
+    del data["windows"]
+    data["format_version"] = 2
+    (path / MANIFEST).write_text(json.dumps(data))
+    reseal(path)
+
+
 def to_format_1(path: Path) -> None:
-    """Turn the format 2 sidecar at ``path`` into the format 1 layout it would have had: no ``checksums.bin``, no
+    """Turn the format 3 sidecar at ``path`` into the format 1 layout it would have had: no ``checksums.bin``, no
     ``content_hashes.bin``, no ``manifest_sha256``, an index identity of docids only, whole-file checksums only.
     The files that stay are byte for byte what format 1 wrote (the same writer, the same sha256-blocks)."""
+    to_format_2(path)
     data = json.loads((path / MANIFEST).read_text())
     for name in (BLOCK_CHECKSUMS, CONTENT):
         (path / name).unlink(missing_ok=True)

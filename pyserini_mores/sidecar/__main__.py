@@ -91,6 +91,14 @@ def define_build_args(parser: argparse.ArgumentParser) -> None:
                              "trained on the first documents and decoded at read time")
     define_codec_option_args(parser)
     parser.add_argument("--max-length", type=int, default=None, help="document length cap in tokens")
+    windows = parser.add_argument_group("long documents as windows")
+    windows.add_argument("--max-windows", type=int, default=1, metavar="N",
+                         help="store up to N windows of a document longer than the model reads, each encoded as "
+                              "a short document (default 1: the text the model reads, as without windows)")
+    windows.add_argument("--window", type=int, default=None, metavar="TOKENS",
+                         help="tokens per window (default: what the model reads of a document)")
+    windows.add_argument("--stride", type=int, default=None, metavar="TOKENS",
+                         help="tokens from one window's start to the next's (default: --window, no overlap)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing sidecar")
     parser.add_argument("--restart", action="store_true", help="discard an interrupted build instead of resuming")
     group = parser.add_argument_group("sharded and distributed builds")
@@ -165,12 +173,16 @@ def _build(args: argparse.Namespace) -> int:
         return 2
     codec_settings = _codec_options(args, check_pq=False)  # a bad setting: exit 2 before the model loads
     try:
+        from ..windows import WindowOptions
+
+        windows = WindowOptions(window=args.window, stride=args.stride, max_windows=args.max_windows)
         options = BuildOptions(
             index=args.index, reranker=args.reranker or "", output=args.output, collection=args.collection,
             batch_size=args.batch_size, dtype=args.dtype, codec=args.codec, codec_options=codec_settings,
             precision=args.precision, device=args.device, overwrite=args.overwrite, restart=args.restart,
             shards=args.shards, shard=args.shard, engine=args.engine, address=args.address,
-            max_retries=args.max_retries, cpus_per_task=args.cpus_per_task, gpus_per_task=args.gpus_per_task)
+            max_retries=args.max_retries, cpus_per_task=args.cpus_per_task, gpus_per_task=args.gpus_per_task,
+            windows=windows)
         if options.engine == "ray":
             import_ray()  # before loading any model: say at once what to install
         resolve_device(options.device)  # likewise: a GPU that is not there fails before the model loads
@@ -179,7 +191,23 @@ def _build(args: argparse.Namespace) -> int:
     name, model = _stored_model(args)
     path = run_build(dataclasses.replace(options, reranker=name, model=ModelSource.of(model)), model)
     print(f"sidecar written to {path}")
+    print(build_summary(path))
     return 0
+
+
+def build_summary(path: str | Path) -> str:
+    """One line on what a build stored: documents, windows, what --max-windows left out, bytes."""
+    manifest = read_sharded_manifest(path) if is_sharded(path) else read_manifest(path)
+    build = manifest.build
+    if is_sharded(path):
+        size = sum(read_manifest(entry.resolve(Path(path))).files[TOKENS].bytes for entry in manifest.shards)
+    else:
+        size = manifest.files[TOKENS].bytes
+    stored = build.get("windows_stored", manifest.num_docs)
+    return (f"stored {manifest.num_docs:,} documents as {stored:,} windows ({manifest.num_tokens:,} tokens, "
+            f"{_human(size)} of vectors); {build.get('capped_documents', 0):,} documents capped by --max-windows "
+            f"({build.get('windows_dropped', 0):,} windows not stored), {build.get('truncated_documents', 0):,} "
+            f"documents truncated")
 
 
 def _stored_model(args: argparse.Namespace):
@@ -294,7 +322,10 @@ def format_sharded_summary(manifest: ShardedManifest, path: str | Path,
         f"encoded     {_encoding(manifest.build)}",
         f"build       {_pairs(manifest.build) or '-'}",
     ]
-    legacy = [shard for shard in shard_manifests if shard is not None and shard.lacks]
+    first = next((shard for shard in shard_manifests if shard is not None), None)
+    if first is not None:
+        lines.append(f"windows     per shard: {_windows_summary(first, path)} (shard {shard_manifests.index(first)})")
+    legacy = [shard for shard in shard_manifests if shard is not None and shard.lacks_integrity]
     if legacy:
         version = min(shard.format_version for shard in legacy)
         subject = f"{len(legacy)} of {len(manifest.shards)} shards are format {version}: they have"
@@ -329,6 +360,7 @@ def format_summary(manifest: Manifest, path: str | Path) -> str:
         f"documents   {manifest.num_docs:,} ({manifest.num_tokens:,} tokens, "
         f"{manifest.num_tokens / docs:.1f} tokens/doc)",
         f"size        {_human(total_bytes)} ({tokens_bytes / docs:,.0f} bytes/doc of vectors)",
+        f"windows     {_windows_summary(manifest, path)}",
         f"index       {_pairs(manifest.index)}",
         f"encoded     {_encoding(manifest.build)}",
         f"build       {_pairs(manifest.build) or '-'}",
@@ -341,9 +373,19 @@ def format_summary(manifest: Manifest, path: str | Path) -> str:
     return "\n".join(lines)
 
 
+def _windows_summary(manifest: Manifest, path: str | Path) -> str:
+    """How the sidecar's documents were cut into windows, or what its older format lacks."""
+    if not manifest.has_windows:
+        return f"none (format {manifest.format_version}: one window per document, the text the model reads)"
+    windows = manifest.windows
+    return (f"{windows['num_windows']:,} of up to {windows['max_windows']} per document, {windows['window']} tokens "
+            f"every {windows['stride']} (the model reads {windows['capacity']}), "
+            f"{windows['capped_documents']:,} documents capped by --max-windows")
+
+
 def _integrity(manifest: Manifest, path: str | Path) -> str:
     """What the sidecar's reads are checked against, or what its older format lacks."""
-    if manifest.lacks:
+    if manifest.lacks_integrity:
         return legacy_notice(path, manifest.format_version, f"this sidecar is format {manifest.format_version}: it has")
     texts = "document text hashes" if manifest.index.get("content") else "no document text hashes (index without text)"
     return f"block checksums checked on first read, manifest checksum, {texts}"

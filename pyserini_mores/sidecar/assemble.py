@@ -38,7 +38,8 @@ logger = logging.getLogger(__name__)
 
 # Provenance counters of the shards that add up in the sharded manifest's ``build``; other values are kept when
 # every shard agrees on them.
-_SUMMED_BUILD_KEYS = ("truncated_documents", "encode_seconds")
+_SUMMED_BUILD_KEYS = ("truncated_documents", "encode_seconds", "windows_stored", "capped_documents",
+                      "windows_dropped")
 
 
 @dataclass

@@ -26,6 +26,7 @@ from ..formats import read_collection
 from ..index import index_docids, index_identity, iter_index_documents, open_searcher, resolve_index
 from ..models import RankingModel, load_model
 from ..precision import resolve_device, resolve_precision
+from ..windows import WindowOptions, document_capacity, full_window_count, split_text, token_spans
 from .assemble import assemble_shards
 from .codecs import CODECS
 from .format import MANIFEST, SidecarExistsError, SidecarMismatchError, default_sidecar_path
@@ -89,6 +90,8 @@ class BuildOptions:
             each task reserves.
         gpus_per_task: the GPUs each Ray task reserves (``None``: 1 when ``device`` is CUDA, else 0); a task that
             reserves one encodes on the GPU Ray gives it.
+        windows: how a document longer than the model reads is cut into windows, each stored (see
+            :mod:`pyserini_mores.windows`); the default stores one window, the text the model reads.
 
     Raises:
         ValueError: inconsistent sharding options (the message names the command-line flags).
@@ -114,6 +117,7 @@ class BuildOptions:
     max_retries: int = 3
     cpus_per_task: float = 1.0
     gpus_per_task: float | None = None
+    windows: WindowOptions = field(default_factory=WindowOptions)
 
     def __post_init__(self) -> None:
         if self.codec not in CODECS:
@@ -139,6 +143,7 @@ def run_build(options: BuildOptions, model: RankingModel | None = None) -> Path:
     device = resolve_device(options.device)  # before the model loads: a GPU that is not there fails at once
     if model is None:
         model = _load(options)
+    options.windows.resolved(document_capacity(model))  # a window longer than the model reads: refused now
     model.to(device)
     # Resolved once, here: every shard (on any Ray node) encodes under, records and agrees on one precision.
     options = dataclasses.replace(options, precision=resolve_precision(options.precision, device))
@@ -188,6 +193,7 @@ def _build_inputs(options: BuildOptions, model: RankingModel, progress: bool = T
     try:
         texts = collection_texts(options.collection, searcher) if options.collection else None
         settings = dict(reranker_name=options.reranker, batch_size=options.batch_size, dtype=options.dtype,
+                        windows=options.windows,
                         codec=options.codec, codec_options=dict(options.codec_options or {}) or None,
                         precision=options.precision, texts=texts,
                         overwrite=options.overwrite, restart=options.restart,
@@ -201,7 +207,7 @@ def plan_shards(inputs: _BuildInputs, output: Path, num_shards: int) -> ShardPla
     """Shard directories ``output/shard-I-of-N``; finished shards of this build are left out of ``todo`` (a re-run
     redoes only what is missing), unless the build overwrites."""
     build_id = shard_build_id(inputs.model, index_identity(inputs.searcher), inputs.settings["dtype"],
-                              inputs.settings["precision"], num_shards)
+                              inputs.settings["precision"], num_shards, inputs.settings["windows"])
     paths = [output / shard_dirname(shard, num_shards) for shard in range(num_shards)]
     todo = [shard for shard, path in enumerate(paths)
             if inputs.settings["overwrite"] or not shard_is_complete(path, build_id, shard, num_shards)]
@@ -235,11 +241,22 @@ def _build_every_shard(options: BuildOptions, inputs: _BuildInputs) -> Path:
     return assemble_shards(output, plan.paths, overwrite=options.overwrite)
 
 
-def shard_build_id(model: RankingModel, index: dict, dtype: str, precision: str, num_shards: int) -> str:
+def shard_build_id(model: RankingModel, index: dict, dtype: str, precision: str, num_shards: int,
+                   windows: WindowOptions | None = None) -> str:
     """The id every shard of one sharded build agrees on: a hash of what makes their data compatible."""
-    return sharded_build_id({"model_type": model.model_type, "store_variant": model.store_variant,
-                             "fingerprint": model.store_fingerprint(), "index": index, "dtype": dtype,
-                             "dim": model.store_width, "precision": precision, "shards": num_shards})
+    parameters = {"model_type": model.model_type, "store_variant": model.store_variant,
+                  "fingerprint": model.store_fingerprint(), "index": index, "dtype": dtype,
+                  "dim": model.store_width, "precision": precision, "shards": num_shards}
+    if windows is not None and windows.windowed:  # a build without windows keeps the id it had before them
+        parameters["windows"] = _window_settings(model, windows)
+    return sharded_build_id(parameters)
+
+
+def _window_settings(model: RankingModel, windows: WindowOptions) -> dict[str, int]:
+    """The manifest's window settings of ``windows`` for ``model`` (window and stride resolved, in tokens)."""
+    capacity = document_capacity(model)
+    window, stride = windows.resolved(capacity)
+    return {"window": window, "stride": stride, "max_windows": windows.max_windows, "capacity": capacity}
 
 
 def collection_texts(collection: str | os.PathLike, searcher) -> list[str]:
@@ -266,7 +283,8 @@ def build_sidecar(searcher, model: RankingModel, output: str | os.PathLike, *, r
                   texts: list[str] | None = None, overwrite: bool = False, restart: bool = False,
                   source: str | None = None, progress: bool = True, shard: tuple[int, int] | None = None,
                   expect_build_id: str | None = None, codec: str | None = None,
-                  codec_options: dict | None = None, device: str | torch.device | None = None) -> Path:
+                  codec_options: dict | None = None, device: str | torch.device | None = None,
+                  windows: WindowOptions | None = None) -> Path:
     """Encode every document of ``searcher``'s index with ``model`` into a sidecar at ``output``.
 
     Args:
@@ -278,11 +296,16 @@ def build_sidecar(searcher, model: RankingModel, output: str | os.PathLike, *, r
             node that has another checkpoint or index than the driver.
         codec, codec_options: a compressed token codec (see :class:`.writer.SidecarWriter`); ``fp16``/``None``
             stores vectors in ``dtype``.
+        windows: how documents are cut into windows (:mod:`pyserini_mores.windows`): each window is tokenized and
+            encoded as a short document, and a row's stored vectors are its windows' one after the other. Default:
+            one window, what the model reads.
 
     Returns the sidecar path. An interrupted build leaves ``<output>.partial``; calling again resumes it. An existing
     sidecar (or the same shard of the same build) is kept unless ``overwrite``.
     """
     output = Path(output)
+    windows = windows or WindowOptions()
+    window_settings = _window_settings(model, windows)  # refuses a window longer than the model reads
     if device is not None:
         model.to(resolve_device(device))
     precision = resolve_precision(precision, _model_device(model))
@@ -297,7 +320,7 @@ def build_sidecar(searcher, model: RankingModel, output: str | os.PathLike, *, r
     shard_info = None
     if shard is not None:
         shard_info = _shard_record(model, index, num_docs, shard, output, dtype=dtype, precision=precision,
-                                   overwrite=overwrite, expect_build_id=expect_build_id)
+                                   overwrite=overwrite, expect_build_id=expect_build_id, windows=windows)
         if shard_info is None:
             return output
         row_start, row_end = shard_info["row_start"], shard_info["row_end"]
@@ -317,23 +340,25 @@ def build_sidecar(searcher, model: RankingModel, output: str | os.PathLike, *, r
         index=index, build=build_info, shard=shard_info, overwrite=overwrite, restart=restart,
         codec=codec, codec_options=codec_options,
         content_hashes=index.content_hashes()[row_start:row_end] if index.get("content") else None,
+        windows=window_settings,
     )
     _encode_rows(searcher, model, writer, texts, rows=(row_start, row_end), num_docs=num_docs,
-                 batch_size=batch_size, precision=precision, progress=progress)
+                 batch_size=batch_size, precision=precision, progress=progress, windows=windows)
     return writer.finalize()
 
 
 def _shard_record(model: RankingModel, index: dict, num_docs: int, shard: tuple[int, int], output: Path, *,
-                  dtype: str, precision: str, overwrite: bool, expect_build_id: str | None) -> dict | None:
+                  dtype: str, precision: str, overwrite: bool, expect_build_id: str | None,
+                  windows: WindowOptions | None = None) -> dict | None:
     """The manifest's record of shard ``shard = (i, n)`` (its rows and build id), or None when ``output`` already
     holds that shard finished."""
     number, count = shard
     row_start, row_end = shard_rows(num_docs, count, number)
-    build_id = shard_build_id(model, index, dtype, precision, count)
+    build_id = shard_build_id(model, index, dtype, precision, count, windows)
     if expect_build_id is not None and build_id != expect_build_id:
         raise SidecarMismatchError(
             f"shard {number} of {count} would belong to build {build_id}, not to the planned build "
-            f"{expect_build_id}: the model, index, dtype or precision seen here differ from the driver's")
+            f"{expect_build_id}: the model, index, dtype, precision or windows seen here differ from the driver's")
     if output.exists() and not overwrite:
         if shard_is_complete(output, build_id, number, count):
             logger.info("shard %s is complete; nothing to do", output)
@@ -345,8 +370,12 @@ def _shard_record(model: RankingModel, index: dict, num_docs: int, shard: tuple[
 
 
 def _encode_rows(searcher, model: RankingModel, writer: SidecarWriter, texts: list[str] | None, *,
-                 rows: tuple[int, int], num_docs: int, batch_size: int, precision: str, progress: bool) -> None:
-    """Encode rows ``[start, end)`` not yet in ``writer`` (a resumed build has some) and add them to it."""
+                 rows: tuple[int, int], num_docs: int, batch_size: int, precision: str, progress: bool,
+                 windows: WindowOptions | None = None) -> None:
+    """Encode rows ``[start, end)`` not yet in ``writer`` (a resumed build has some) and add them to it, each row as
+    its windows (``windows``), batched by window."""
+    windows = windows or WindowOptions()
+    capacity = document_capacity(model)
     row_start, row_end = rows
     start_row = row_start + writer.rows_done
     # Encode whole windows of one global grid (rows [k*window, (k+1)*window)): every document then meets the same
@@ -362,7 +391,11 @@ def _encode_rows(searcher, model: RankingModel, writer: SidecarWriter, texts: li
         documents = ((row, texts[row]) for row in range(first_row, last_row))
     autocast = (torch.autocast(_model_device(model).type, dtype=torch.bfloat16) if precision == "bf16"
                 else contextlib.nullcontext())
-    truncated = writer.build_info.get("truncated_documents", 0)  # counted before an interruption
+    # Counted before an interruption, when the build resumes.
+    truncated = writer.build_info.get("truncated_documents", 0)
+    stored = writer.build_info.get("windows_stored", 0)
+    capped = writer.build_info.get("capped_documents", 0)
+    dropped = writer.build_info.get("windows_dropped", 0)
     started = time.perf_counter()
     bar = tqdm(total=row_end - row_start, initial=writer.rows_done, unit="doc", desc=f"sidecar {writer.path.name}",
                disable=not progress, smoothing=0.05)
@@ -371,13 +404,33 @@ def _encode_rows(searcher, model: RankingModel, writer: SidecarWriter, texts: li
             keep = [i for i, (row, _) in enumerate(chunk) if start_row <= row < row_end]
             if not keep:
                 continue
-            reps, truncated_flags = _encode_window(model, [text for _, text in chunk], batch_size)
-            truncated += int(sum(truncated_flags[i] for i in keep))
-            writer.update_build({"truncated_documents": truncated})
-            writer.add([reps[i].float().numpy() for i in keep])
+            # Every document of the grid window is cut and encoded, kept or not, so that batches are the same in a
+            # shard as in an unsharded build.
+            pieces = [split_text(text, model.tokenizer, capacity, windows) for _, text in chunk]
+            counts = np.array([len(piece) for piece in pieces], dtype=np.int64)
+            firsts = np.cumsum(counts) - counts
+            reps, truncated_flags = _encode_window(model, [text for piece in pieces for text in piece], batch_size)
+            missing = [_windows_missing(model.tokenizer, chunk[i][1], capacity, windows, int(counts[i])) for i in keep]
+            truncated += int(sum(bool(truncated_flags[firsts[i] + counts[i] - 1]) or bool(gone)
+                                 for i, gone in zip(keep, missing)))
+            stored += int(counts[keep].sum())
+            capped += sum(1 for gone in missing if gone)
+            dropped += sum(missing)
+            writer.update_build({"truncated_documents": truncated, "windows_stored": stored,
+                                 "capped_documents": capped, "windows_dropped": dropped})
+            writer.add([reps[firsts[i] + k].float().numpy() for i in keep for k in range(counts[i])],
+                       windows=counts[keep], capped=sum(1 for gone in missing if gone))
             bar.update(len(keep))
     bar.close()
     writer.update_build({"encode_seconds": round(time.perf_counter() - started, 3)})
+
+
+def _windows_missing(tokenizer, text: str, capacity: int, windows: WindowOptions, stored: int) -> int:
+    """Windows of ``text`` that ``--max-windows`` left out (0 when it stored them all, or without windows)."""
+    if not windows.windowed or stored < windows.max_windows:
+        return 0
+    window, stride = windows.resolved(capacity)
+    return int(full_window_count(len(token_spans(tokenizer, text)), window, stride)) - stored
 
 
 def _model_device(model: RankingModel) -> torch.device:

@@ -12,6 +12,8 @@ A sidecar is a directory::
     docids_sorted_rows.bin    [num_docs]         int64 row of each sorted docid
     codec.bin                 [parameters]       float32 trained codec parameters (compressed sidecars only)
     content_hashes.bin        [num_docs]         uint64 hash of each row's document text (when the index stores text)
+    windows.bin               [num_docs + 1]     int64 prefix sums of windows: row i's are windows[i] .. windows[i+1]-1
+    window_offsets.bin        [num_windows + 1]  int64 token offsets: window k is tokens[wo[k]:wo[k+1]]
     checksums.bin             [blocks]           uint32 crc32 of every READ_BLOCK_BYTES block of the files above
 
 A compressed sidecar (:mod:`.codecs`) has a codec name as its ``dtype`` and a ``codec`` manifest field; its
@@ -24,9 +26,15 @@ has no blocks); unlike a plain sha256 it can be carried across an interrupted bu
 order, over the raw bytes (whatever the codec): a reader checks a block the first time it reads from it. The
 manifest's own ``manifest_sha256`` covers every other field, so an edited dtype, width or count is refused.
 
-Format 1 (:data:`LEGACY_FORMATS`) had neither ``checksums.bin`` nor ``content_hashes.bin`` nor ``manifest_sha256``,
-and its index identity covers docids only; it still opens, its values range-checked like format 2's, and its readers
-say what it lacks (:func:`legacy_notice`).
+A document longer than the model reads is stored as overlapping windows (:mod:`pyserini_mores.windows`), each
+encoded as a short document; a row's tokens are its windows' tokens one after the other, so
+``offsets[i] == window_offsets[windows[i]]``. The manifest's ``windows`` field records how they were cut. A build
+without windows stores one window per row.
+
+Format 2 had no window map: it opens with one window per row. Format 1 had neither ``checksums.bin`` nor
+``content_hashes.bin`` nor ``manifest_sha256``, and its index identity covers docids only; both still open
+(:data:`LEGACY_FORMATS`), their values range-checked like format 3's, and readers say what they lack
+(:func:`legacy_notice`).
 """
 from __future__ import annotations
 
@@ -44,10 +52,11 @@ import numpy as np
 from ..errors import UserFixableError
 
 FORMAT_NAME = "pyserini-mores-sidecar"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 # Older formats this package still opens, each with what it lacks against FORMAT_VERSION.
 LEGACY_FORMATS: dict[int, str] = {
-    1: "block checksums, manifest checksum or document text hashes",
+    1: "block checksums, manifest checksum, document text hashes or windows",
+    2: "windows",
 }
 
 MANIFEST = "manifest.json"
@@ -59,7 +68,13 @@ DOCIDS_SORTED_ROWS = "docids_sorted_rows.bin"
 CODEC = "codec.bin"
 CONTENT = "content_hashes.bin"
 BLOCK_CHECKSUMS = "checksums.bin"
+WINDOWS = "windows.bin"
+WINDOW_OFFSETS = "window_offsets.bin"
 DATA_FILES = (TOKENS, OFFSETS, DOCIDS, DOCIDS_SORTED, DOCIDS_SORTED_ROWS, BLOCK_CHECKSUMS)
+# The window map, format 3 on (covered by checksums.bin after the files above).
+WINDOW_FILES = (WINDOWS, WINDOW_OFFSETS)
+# Format 3's ``windows`` manifest field.
+WINDOW_FIELDS = ("window", "stride", "max_windows", "capacity", "num_windows", "capped_documents")
 
 PARTIAL_SUFFIX = ".partial"
 CHECKSUM_ALGORITHM = "sha256-blocks"
@@ -175,6 +190,8 @@ class Manifest:
     shard: dict[str, Any] = field(default_factory=dict)
     # Set only on a compressed sidecar (dtype = a codec name): see :mod:`.codecs`.
     codec: dict[str, Any] = field(default_factory=dict)
+    # How documents were cut into windows (format 3 on): WINDOW_FIELDS.
+    windows: dict[str, Any] = field(default_factory=dict)
     checksum: dict[str, Any] = field(
         default_factory=lambda: {"algorithm": CHECKSUM_ALGORITHM, "block_bytes": DEFAULT_BLOCK_BYTES})
     created: str = ""
@@ -225,7 +242,17 @@ class Manifest:
     def block_files(self) -> tuple[str, ...]:
         """The files ``checksums.bin`` covers, in its order."""
         return (tuple(name for name in DATA_FILES if name != BLOCK_CHECKSUMS) + ((CODEC,) if self.compressed else ())
-                + ((CONTENT,) if self.index.get("content") else ()))
+                + ((CONTENT,) if self.index.get("content") else ()) + (WINDOW_FILES if self.has_windows else ()))
+
+    @property
+    def has_windows(self) -> bool:
+        """Whether the sidecar has a window map (format 3 on; older ones have one window per row)."""
+        return self.format_version >= 3
+
+    @property
+    def num_windows(self) -> int:
+        """Windows stored (``num_docs`` for a sidecar without a window map)."""
+        return int(self.windows["num_windows"]) if self.has_windows else self.num_docs
 
     @property
     def has_block_checksums(self) -> bool:
@@ -236,6 +263,12 @@ class Manifest:
     def lacks(self) -> str | None:
         """What an older format lacks against :data:`FORMAT_VERSION` (None for the current format)."""
         return LEGACY_FORMATS.get(self.format_version)
+
+    @property
+    def lacks_integrity(self) -> bool:
+        """Whether reads go unchecked (format 1: no block checksums, no text hashes): readers warn at open. A
+        format-2 sidecar lacks only the window map, which matters only to a windowed aggregation."""
+        return self.format_version < 2
 
     @property
     def block_bytes(self) -> int:
@@ -266,6 +299,8 @@ class Manifest:
             del data["codec"]  # so do uncompressed ones
         if not data["manifest_sha256"]:
             del data["manifest_sha256"]  # and format 1 ones, which have no manifest checksum
+        if not data["windows"]:
+            del data["windows"]  # and format 1 and 2 ones, which have no window map
         return {**head, **data}
 
     def sealed(self) -> dict[str, Any]:
@@ -290,17 +325,20 @@ class Manifest:
             raise SidecarCorruptError(f"{source}: field 'format_version' is {version}, not a sidecar format "
                                       f"version ({', '.join(map(str, sorted(LEGACY_FORMATS)))} or {FORMAT_VERSION})")
         legacy = version != FORMAT_VERSION
+        unsealed = version < 2  # format 1: no checksums.bin, no manifest checksum
         required = {"dim": int, "dtype": str, "num_docs": int, "num_tokens": int, "docid_width": int,
                     "files": dict, "model": dict, "index": dict}
         for name, kind in required.items():
             if not isinstance(data.get(name), kind) or isinstance(data.get(name), bool):
                 raise SidecarCorruptError(f"{source}: field '{name}' is missing or not {_KIND_NAMES[kind]}")
-        for name in ("shard", "codec", "checksum", "build", "library"):
+        for name in ("shard", "codec", "checksum", "build", "library", "windows"):
             if not isinstance(data.get(name, {}), dict):
                 raise SidecarCorruptError(f"{source}: field '{name}' is not a JSON object")
         if legacy:
             _check_legacy_fields(data, version, source)
         _check_ranges(data, source)
+        if version >= 3:
+            _check_windows(data, source)
         if data["dtype"] not in STORAGE_DTYPES and data["dtype"] not in CODEC_DTYPES:
             raise SidecarCorruptError(f"{source}: field 'dtype' is {data['dtype']!r}, expected one of "
                                       f"{sorted(STORAGE_DTYPES) + list(CODEC_DTYPES)}")
@@ -312,8 +350,9 @@ class Manifest:
             raise SidecarCorruptError(f"{source}: field 'codec' is missing or incomplete for dtype "
                                       f"{data['dtype']!r} (needs name, code_size and parameter_count)")
         files = {}
-        names = (tuple(name for name in DATA_FILES if not (legacy and name == BLOCK_CHECKSUMS))
-                 + ((CODEC,) if compressed else ()) + ((CONTENT,) if data["index"].get("content") else ()))
+        names = (tuple(name for name in DATA_FILES if not (unsealed and name == BLOCK_CHECKSUMS))
+                 + ((CODEC,) if compressed else ()) + ((CONTENT,) if data["index"].get("content") else ())
+                 + (WINDOW_FILES if version >= 3 else ()))
         for name in names:
             entry = data["files"].get(name)
             if not (isinstance(entry, dict) and _int_in(entry.get("bytes"), 0, MAX_FILE_BYTES)
@@ -331,7 +370,7 @@ class Manifest:
                                       f"sidecar (num_docs, num_tokens, dim or docid_width is wrong)")
         # Last: a field edited to an impossible value is named above; a plausible edit is caught here.
         recorded = data.get("manifest_sha256")
-        if not legacy and recorded != manifest_digest(data):
+        if not unsealed and recorded != manifest_digest(data):
             raise SidecarCorruptError(
                 f"{source}: the manifest's checksum (manifest_sha256) does not match its content: it was edited or "
                 f"damaged after the build, and its dtype, widths or counts cannot be trusted; rebuild the sidecar "
@@ -353,6 +392,9 @@ class Manifest:
             layout[CODEC] = (CODEC_PARAMETER_DTYPE, (int(self.codec["parameter_count"]),))
         if self.index.get("content"):
             layout[CONTENT] = (CONTENT_DTYPE, (self.num_docs,))
+        if self.has_windows:
+            layout[WINDOWS] = (INDEX_DTYPE, (self.num_docs + 1,))
+            layout[WINDOW_OFFSETS] = (INDEX_DTYPE, (self.num_windows + 1,))
         if self.has_block_checksums:
             blocks = sum(-(-math.prod(shape) * dtype.itemsize // self.read_block_bytes)
                          for dtype, shape in layout.values())
@@ -378,11 +420,13 @@ def _int_in(value: Any, low: int, high: int) -> bool:
 def _check_legacy_fields(data: Mapping[str, Any], version: int, source: str) -> None:
     """Refuse an older-format manifest that carries what only a later format writes: a newer manifest whose
     version was edited down, which would otherwise skip the checks that the newer fields enable."""
-    newer = ([name for name in ("manifest_sha256",) if name in data]
-             + [f"index.{name}" for name in ("content",) if name in data["index"]]
-             + [f"files.{name}" for name in (BLOCK_CHECKSUMS, CONTENT) if name in data["files"]]
+    later = ("manifest_sha256", "windows") if version < 2 else ("windows",)
+    newer = ([name for name in later if name in data]
+             + [f"index.{name}" for name in ("content",) if name in data["index"] and version < 2]
+             + [f"files.{name}" for name in (BLOCK_CHECKSUMS, CONTENT) if name in data["files"] and version < 2]
+             + [f"files.{name}" for name in WINDOW_FILES if name in data["files"]]
              + [f"checksum.{name}" for name in ("read_algorithm", "read_block_bytes")
-                if name in data.get("checksum", {})])
+                if name in data.get("checksum", {}) and version < 2])
     if newer:
         raise SidecarCorruptError(
             f"{source}: format_version is {version} but the manifest holds {', '.join(newer)}, which format "
@@ -394,10 +438,15 @@ def legacy_notice(path: str | os.PathLike, version: int, subject: str | None = N
     """One line on what a sidecar of older format ``version`` at ``path`` lacks and what to run about it
     (``subject``: how the line starts, up to "has" or "have"; default ``sidecar PATH is format 1: it has``)."""
     subject = subject or f"sidecar {path} is format {version}: it has"
-    return (f"{subject} no {LEGACY_FORMATS[version]}, so damaged bytes and changed "
-            f"document texts are not detected at search time; `python -m pyserini_mores.sidecar verify {path} "
-            f"--index INDEX` checks its files whole, `python -m pyserini_mores.sidecar build ... --output {path} "
-            f"--overwrite` rebuilds it in format {FORMAT_VERSION}")
+    rebuild = f"`python -m pyserini_mores.sidecar build ... --output {path} --max-windows N --overwrite`"
+    if version >= 2:
+        return (f"{subject} no {LEGACY_FORMATS[version]}, so windowed aggregations (maxp, sump, avgcls) read one "
+                f"window per document, the text the model reads before it truncates; {rebuild} rebuilds it in "
+                f"format {FORMAT_VERSION} with windows")
+    return (f"{subject} no {LEGACY_FORMATS[version]}, so damaged bytes and changed document texts are not detected "
+            f"at search time and windowed aggregations read one window per document; `python -m "
+            f"pyserini_mores.sidecar verify {path} --index INDEX` checks its files whole, {rebuild} rebuilds it in "
+            f"format {FORMAT_VERSION}")
 
 
 def _check_ranges(data: Mapping[str, Any], source: str) -> None:
@@ -432,6 +481,30 @@ def _check_ranges(data: Mapping[str, Any], source: str) -> None:
     for name in ("index", "count", "row_start", "row_end", "num_docs"):
         if name in shard and not _int_in(shard[name], 0, MAX_DOCS):
             raise SidecarCorruptError(f"{source}: field 'shard.{name}' is {shard[name]!r}, outside [0, {MAX_DOCS}]")
+
+
+def _check_windows(data: Mapping[str, Any], source: str) -> None:
+    """Refuse a format-3 ``windows`` field that is missing a value or holds one outside its range."""
+    windows = data.get("windows")
+    if not isinstance(windows, dict) or not windows:
+        raise SidecarCorruptError(f"{source}: field 'windows' is missing (format 3 records how documents were cut)")
+    num_docs = data["num_docs"]
+    bounds = {"window": (1, MAX_TOKENS), "stride": (1, MAX_TOKENS), "max_windows": (1, MAX_TOKENS),
+              "capacity": (1, MAX_TOKENS), "num_windows": (num_docs, MAX_DOCS), "capped_documents": (0, num_docs)}
+    for name, (low, high) in bounds.items():
+        # A store written without a build's window settings records window, stride and capacity as null.
+        unrecorded = name in ("window", "stride", "capacity") and name in windows and windows[name] is None
+        if not (unrecorded or _int_in(windows.get(name), low, high)):
+            raise SidecarCorruptError(f"{source}: field 'windows.{name}' is {windows.get(name)!r}, outside "
+                                      f"[{low}, {high}]")
+    sizes = [windows["window"], windows["stride"], windows["capacity"]]
+    if None not in sizes and (sizes[0] > sizes[2] or sizes[1] > sizes[0]):
+        raise SidecarCorruptError(f"{source}: field 'windows' has window {windows['window']}, stride "
+                                  f"{windows['stride']} and capacity {windows['capacity']}: a window is at most "
+                                  "the capacity long and a stride at most a window")
+    if windows["num_windows"] > num_docs * windows["max_windows"]:
+        raise SidecarCorruptError(f"{source}: field 'windows.num_windows' is {windows['num_windows']}, more than "
+                                  f"max_windows {windows['max_windows']} per document of {num_docs}")
 
 
 def manifest_digest(data: Mapping[str, Any]) -> str:
@@ -593,6 +666,40 @@ def offset_problems(offsets: np.ndarray, num_tokens: int, dtype: np.dtype | str 
         problems.append(f"{OFFSETS}: offsets decrease at row {row} ({int(offsets[row])} -> {int(offsets[row + 1])})")
     if last != num_tokens:
         problems.append(f"{OFFSETS}: last offset is {last} but the manifest has num_tokens={num_tokens}")
+    return problems
+
+
+def window_problems(windows: np.ndarray, window_offsets: np.ndarray, offsets: np.ndarray,
+                    num_windows: int) -> list[str]:
+    """How a window map breaks the format: ``windows.bin`` not starting at 0, a document without a window (the
+    first such row), not ending at ``num_windows``; ``window_offsets.bin`` not starting at 0 or decreasing; a row
+    whose first window does not start at its offset (``offsets[i] != window_offsets[windows[i]]``), or the last
+    window not ending at the last token. Empty when intact. Vectorised, like :func:`offset_problems`."""
+    problems = []
+    if len(windows) == 0 or int(windows[0]) != 0:
+        problems.append(f"{WINDOWS}: first entry is {int(windows[0]) if len(windows) else None}, not 0")
+    empty = np.less_equal(windows[1:], windows[:-1])
+    if empty.any():
+        row = int(np.argmax(empty))
+        problems.append(f"{WINDOWS}: row {row} has no window ({int(windows[row])} -> {int(windows[row + 1])})")
+    if len(windows) and int(windows[-1]) != num_windows:
+        problems.append(f"{WINDOWS}: last entry is {int(windows[-1])} but the manifest has "
+                        f"windows.num_windows={num_windows}")
+    if len(window_offsets) == 0 or int(window_offsets[0]) != 0:
+        problems.append(f"{WINDOW_OFFSETS}: first offset is not 0")
+    decreasing = np.less(window_offsets[1:], window_offsets[:-1])
+    if decreasing.any():
+        k = int(np.argmax(decreasing))
+        problems.append(f"{WINDOW_OFFSETS}: offsets decrease at window {k} ({int(window_offsets[k])} -> "
+                        f"{int(window_offsets[k + 1])})")
+    if problems:
+        return problems
+    starts = window_offsets[windows]  # in range: windows is 0 .. num_windows, increasing
+    differ = np.not_equal(starts, offsets)
+    if differ.any():
+        row = int(np.argmax(differ))
+        problems.append(f"{WINDOW_OFFSETS}: row {row}'s windows start at token {int(starts[row])} but "
+                        f"{OFFSETS} puts the row at {int(offsets[row])} ({WINDOWS} or {WINDOW_OFFSETS} is damaged)")
     return problems
 
 

@@ -26,9 +26,13 @@ from .format import (
     DOCIDS,
     DOCIDS_SORTED,
     DOCIDS_SORTED_ROWS,
+    INDEX_DTYPE,
+    LEGACY_FORMATS,
     OFFSETS,
     REBUILD_ADVICE,
     TOKENS,
+    WINDOW_OFFSETS,
+    WINDOWS,
     Manifest,
     SidecarContentMismatchError,
     SidecarCorruptError,
@@ -39,8 +43,12 @@ from .format import (
     offset_problems,
     read_manifest,
     size_problems,
+    window_problems,
 )
 from .integrity import SidecarIntegrityError, block_checker
+
+if TYPE_CHECKING:
+    from ..windows import WindowOptions
 
 if TYPE_CHECKING:
     import torch
@@ -87,6 +95,18 @@ class ManifestMetadata:
     def format_version(self) -> int:
         """The sidecar format of the stored files (a sharded sidecar's oldest shard's)."""
         return self.manifest.format_version
+
+    @property
+    def lacks(self) -> str | None:
+        """What the stored format lacks against the current one (``"windows"`` for format 2), or None."""
+        return LEGACY_FORMATS.get(self.format_version)
+
+    def legacy_notice(self) -> str | None:
+        """One line on what the stored format lacks (for format 2: windows, so a windowed aggregation reads one
+        window per document) and how to rebuild it, or None for the current format."""
+        if self.lacks is None:
+            return None
+        return legacy_notice(self.path, self.format_version)
 
     def check_built_for(self, *, model_fingerprint: str | None = None,
                         index: Mapping[str, Any] | None = None) -> None:
@@ -190,14 +210,34 @@ class SidecarReader(ManifestMetadata):
                 f"sidecar {self.path} is damaged ({self.path / OFFSETS}): {'; '.join(problems)}. Rebuild it "
                 f"(`python -m pyserini_mores.sidecar verify {self.path}` lists every problem)")
         self._blocks.check_file(OFFSETS, offsets)
+        self._check_window_map(offsets)
         if self.manifest.compressed:
             # The codec's parameters are checked now (checksum, sizes, finite values, their own invariants), not at
             # the first decode in the middle of a search.
             _ = self.codec
         if stale is not None:
             raise self.changed_documents_error(stale, expect_index)
-        if self.manifest.lacks and not self._part_of_sharded:  # a sharded sidecar says it once for its shards
+        if self.manifest.lacks_integrity and not self._part_of_sharded:  # a sharded sidecar says it once for its shards
             warn_legacy_once(self.path, legacy_notice(self.path, self.manifest.format_version))
+
+    def _check_window_map(self, offsets: np.ndarray) -> None:
+        """Refuse a window map that breaks the format (see :func:`.format.window_problems`) or its checksums: every
+        windowed read trusts it as reads trust the offsets. Two passes of 8 bytes per document and per window."""
+        if not self.manifest.has_windows:
+            return
+        windows, window_offsets = self._map(WINDOWS), self._map(WINDOW_OFFSETS)
+        for name in (WINDOWS, WINDOW_OFFSETS):
+            if self.manifest.files[name].dtype != INDEX_DTYPE.str:
+                raise SidecarCorruptError(f"sidecar {self.path} is damaged ({self.path / name}): dtype is "
+                                          f"{self.manifest.files[name].dtype!r}, not int64")
+        problems = window_problems(windows, window_offsets, offsets, self.manifest.num_windows)
+        if problems:
+            raise SidecarCorruptError(
+                f"sidecar {self.path} is damaged ({', '.join(str(self.path / name) for name in _named(problems))}): "
+                f"{'; '.join(problems)}. Rebuild it (`python -m pyserini_mores.sidecar verify {self.path}` lists "
+                "every problem)")
+        self._blocks.check_file(WINDOWS, windows)
+        self._blocks.check_file(WINDOW_OFFSETS, window_offsets)
 
     # ---- metadata (num_docs, num_tokens, dim, dtype, model, index: ManifestMetadata) ---------------------------
     @property
@@ -296,15 +336,49 @@ class SidecarReader(ManifestMetadata):
             if end > start:
                 mapped.madvise(mmap.MADV_WILLNEED, start, end - start)
 
+    @property
+    def windows(self) -> WindowOptions | None:
+        """How the build cut documents into windows (window and stride as resolved for the model, in tokens; None
+        where the build did not record them), or None for a format-2 or older sidecar (one window per row)."""
+        if not self.manifest.has_windows:
+            return None
+        from ..windows import WindowOptions
+
+        settings = self.manifest.windows
+        return WindowOptions(window=settings.get("window"), stride=settings.get("stride"),
+                             max_windows=int(settings["max_windows"]))
+
+    def window_counts(self, rows: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
+        """``[len(rows)]`` int64 windows stored per row (every row's when ``rows`` is None; 1 each without a window
+        map)."""
+        if rows is None:
+            return np.diff(self._array(WINDOWS)) if self.manifest.has_windows else np.ones(self.num_docs, np.int64)
+        rows = self._check_rows(rows)
+        if not self.manifest.has_windows:
+            return np.ones(len(rows), dtype=np.int64)
+        windows = self._array(WINDOWS)
+        return np.asarray(windows[rows + 1]) - np.asarray(windows[rows])
+
     def window_spans(self, rows: Sequence[int] | np.ndarray, first_only: bool = False
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Where the windows of ``rows`` lie in ``tokens.bin``: ``(starts, lengths, owners)``, ``[W]`` int64 each, the
         windows of ``rows[i]`` consecutive (its first window first) with ``owners == i``; only each row's first
         window when ``first_only``. A sidecar built without windows has one window per row: the row itself."""
         rows = self._check_rows(rows)
-        starts = np.asarray(self.offsets[rows])
-        lengths = np.asarray(self.offsets[rows + 1]) - starts
-        return starts, lengths, np.arange(len(rows), dtype=np.int64)
+        if not self.manifest.has_windows:
+            starts = np.asarray(self.offsets[rows])
+            lengths = np.asarray(self.offsets[rows + 1]) - starts
+            return starts, lengths, np.arange(len(rows), dtype=np.int64)
+        windows, window_offsets = self._array(WINDOWS), self._array(WINDOW_OFFSETS)
+        first = np.asarray(windows[rows])
+        counts = np.ones(len(rows), dtype=np.int64) if first_only else np.asarray(windows[rows + 1]) - first
+        owners = np.repeat(np.arange(len(rows), dtype=np.int64), counts)
+        # Window k of the batch is the (k - first window of its row's batch position)-th of its row.
+        within = np.arange(len(owners), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+        index = first[owners] + within
+        starts = np.asarray(window_offsets[index])
+        lengths = np.asarray(window_offsets[index + 1]) - starts
+        return starts, lengths, owners
 
     def get_spans(self, starts: np.ndarray, lengths: np.ndarray, device: str | torch.device = "cpu",
                   dtype: torch.dtype | str | None = "float32", buffer: BatchBuffer | None = None,
@@ -543,6 +617,11 @@ def warn_legacy_once(path: Path, notice: str) -> None:
     if key not in _WARNED_LEGACY:
         _WARNED_LEGACY.add(key)
         logger.warning(notice)
+
+
+def _named(problems: list[str]) -> list[str]:
+    """The window-map files that ``problems`` (each starting with a file name) are about, in order."""
+    return [name for name in (WINDOWS, WINDOW_OFFSETS) if any(problem.startswith(name) for problem in problems)]
 
 
 def checked_rows(rows: Sequence[int] | np.ndarray, num_docs: int, path: Path) -> np.ndarray:

@@ -89,9 +89,12 @@ class ShardedSidecarReader(ManifestMetadata):
         self.shards: list[SidecarReader] = [self._open_shard(position) for position in range(len(entries))]
         self._row_starts = np.array([entry.row_start for entry in entries], dtype=np.int64)
         self._row_ends = np.array([entry.row_end for entry in entries], dtype=np.int64)
+        # Token positions of the whole sidecar: shard s's tokens follow those of the shards before it.
+        self._token_ends = np.cumsum([shard.num_tokens for shard in self.shards], dtype=np.int64)
+        self._token_starts = self._token_ends - np.array([shard.num_tokens for shard in self.shards], dtype=np.int64)
         if stale is not None:
             raise self.changed_documents_error(stale, expect_index)
-        legacy = [shard for shard in self.shards if shard.manifest.lacks]
+        legacy = [shard for shard in self.shards if shard.manifest.lacks_integrity]
         if legacy:
             self._format_version = min(shard.format_version for shard in self.shards)
             subject = (f"sharded sidecar {self.path} has {len(legacy)} of {len(self.shards)} shards in format "
@@ -179,6 +182,80 @@ class ShardedSidecarReader(ManifestMetadata):
         if dtype is not None:
             docs = docs.to(torch_dtype(dtype))
         return docs, lengths.to(device)
+
+    # ---- windows -------------------------------------------------------------------------------------------------
+    @property
+    def windows(self):
+        """How the build cut documents into windows (see :attr:`SidecarReader.windows`; its shards agree, their
+        build id covers it), or None when a shard has no window map."""
+        settings = [shard.windows for shard in self.shards]
+        return None if not settings or None in settings else settings[0]
+
+    def window_counts(self, rows: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
+        """``[len(rows)]`` int64 windows stored per row (see :meth:`SidecarReader.window_counts`)."""
+        if rows is None:
+            return np.concatenate([shard.window_counts() for shard in self.shards]).astype(np.int64)
+        rows = self._check_rows(rows)
+        counts = np.empty(len(rows), dtype=np.int64)
+        for shard, where, local in self._split(rows):
+            counts[where] = shard.window_counts(local)
+        return counts
+
+    def window_spans(self, rows: Sequence[int] | np.ndarray, first_only: bool = False
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`SidecarReader.window_spans` over every shard: ``starts`` are positions in the shards' tokens one
+        after the other (shard order), which :meth:`get_spans` takes."""
+        rows = self._check_rows(rows)
+        counts = np.ones(len(rows), dtype=np.int64) if first_only else self.window_counts(rows)
+        owners = np.repeat(np.arange(len(rows), dtype=np.int64), counts)
+        starts = np.empty(len(owners), dtype=np.int64)
+        lengths = np.empty(len(owners), dtype=np.int64)
+        firsts = np.cumsum(counts) - counts  # where each row's windows start in the answer
+        for shard, where, local in self._split(rows):
+            shard_starts, shard_lengths, shard_owners = shard.window_spans(local, first_only)
+            shard_counts = counts[where]
+            within = np.arange(len(shard_owners)) - np.repeat(np.cumsum(shard_counts) - shard_counts, shard_counts)
+            slots = firsts[where][shard_owners] + within
+            starts[slots] = shard_starts + self._token_starts[self.shards.index(shard)]
+            lengths[slots] = shard_lengths
+        return starts, lengths, owners
+
+    def get_spans(self, starts: np.ndarray, lengths: np.ndarray, device: str | torch.device = "cpu",
+                  dtype: torch.dtype | str | None = "float32", buffer: BatchBuffer | None = None,
+                  heads: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`SidecarReader.get_spans` of spans from :meth:`window_spans` (spans may lie in several shards)."""
+        import torch
+
+        starts = np.asarray(starts, dtype=np.int64)
+        lengths = np.asarray(lengths, dtype=np.int64)
+        check_heads(heads, self.dim)
+        if len(starts) and (starts.min() < 0 or int((starts + lengths).max()) > self.num_tokens):
+            raise IndexError(f"token spans reach beyond the {self.num_tokens} tokens of sidecar {self.path}")
+        # A span lies in the first shard ending after its start (an empty span at the very end: the last shard).
+        owner = np.minimum(np.searchsorted(self._token_ends, starts, side="right"), len(self.shards) - 1)
+        split = [(self.shards[p], np.flatnonzero(owner == p)) for p in np.unique(owner)]
+        split = [(shard, where, starts[where] - self._token_starts[self.shards.index(shard)])
+                 for shard, where in split]
+        if len(split) == 1:
+            shard, _, local = split[0]
+            return shard.get_spans(local, lengths, device, dtype, buffer, heads)
+        parts = [(where, *shard.get_spans(local, lengths[where], dtype=None)) for shard, where, local in split]
+        if not parts:
+            docs, spans = self.shards[0].get_spans(starts, lengths, dtype=None)
+        else:
+            max_len = max(part_docs.shape[1] for _, part_docs, _ in parts)
+            docs = torch.zeros((len(starts), max_len, self.dim), dtype=parts[0][1].dtype)
+            spans = torch.empty(len(starts), dtype=torch.int64)
+            for where, part_docs, part_lengths in parts:
+                index = torch.from_numpy(where)
+                docs[index, :part_docs.shape[1]] = part_docs
+                spans[index] = part_lengths
+        if heads is not None:
+            docs = head_major(docs, heads)
+        docs = docs.to(device)
+        if dtype is not None:
+            docs = docs.to(torch_dtype(dtype))
+        return docs, spans.to(device)
 
     # ---- docids --------------------------------------------------------------------------------------------------
     def prefetch(self, rows: Sequence[int] | np.ndarray) -> None:

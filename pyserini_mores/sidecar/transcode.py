@@ -50,22 +50,38 @@ def transcode_sidecar(source: str | os.PathLike, output: str | os.PathLike, *, c
                 raise ValueError(f"the {codec} codec needs at least {probe.min_training_tokens} token vectors to "
                                  f"train, {source} holds {reader.num_tokens}; {probe.too_few_tokens_hint}")
         build = {**reader.manifest.build, "transcoded_from": {"path": str(source), "dtype": reader.dtype}}
+        windows, capped = _window_settings(reader)
         writer = SidecarWriter(output, dim=reader.dim, dtype=dtype, docids=reader.docids(np.arange(reader.num_docs)),
                                model=reader.model, index=reader.index, build=build, overwrite=overwrite,
                                restart=restart, codec=None if codec == "fp16" else codec,
                                codec_options=codec_options, commit_every_docs=batch_docs,
-                               content_hashes=reader.content_hashes() if reader.index.get("content") else None)
+                               content_hashes=reader.content_hashes() if reader.index.get("content") else None,
+                               windows=windows)
         if writer.codec_sample_tokens:
             writer.train_codec(_spread_sample(reader, writer.codec_sample_tokens))
         with tqdm(total=reader.num_docs, initial=writer.rows_done, unit="doc", desc=f"transcode {output.name}",
                   disable=not progress) as bar:
             for start in range(writer.rows_done, reader.num_docs, batch_docs):
-                rows = range(start, min(start + batch_docs, reader.num_docs))
-                writer.add([np.asarray(reader.get(row), dtype=np.float32) for row in rows])
+                rows = np.arange(start, min(start + batch_docs, reader.num_docs))
+                _, lengths, _ = reader.window_spans(rows)
+                reps = [np.asarray(reader.get(int(row)), dtype=np.float32) for row in rows]
+                pieces = np.split(np.concatenate(reps), np.cumsum(lengths)[:-1]) if len(rows) else []
+                # The source's capped documents are counted once, with its first row.
+                writer.add(pieces, windows=reader.window_counts(rows), capped=capped if start == 0 else 0)
                 bar.update(len(rows))
         return writer.finalize()
     finally:
         reader.close()
+
+
+def _window_settings(reader) -> tuple[dict[str, Any], int]:
+    """The source's window settings for the writer and its count of capped documents (one window per row, not
+    recorded, for a format-2 source)."""
+    manifests = [shard.manifest for shard in getattr(reader, "shards", [reader])]
+    if not all(manifest.has_windows for manifest in manifests):
+        return {}, 0
+    settings = {name: manifests[0].windows.get(name) for name in ("window", "stride", "max_windows", "capacity")}
+    return settings, sum(int(manifest.windows["capped_documents"]) for manifest in manifests)
 
 
 def _spread_sample(reader, sample_tokens: int, seed: int = 0) -> np.ndarray:

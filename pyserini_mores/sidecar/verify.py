@@ -17,6 +17,8 @@ from .format import (
     MANIFEST,
     OFFSETS,
     REBUILD_ADVICE,
+    WINDOW_OFFSETS,
+    WINDOWS,
     Manifest,
     SidecarError,
     check_directory,
@@ -25,6 +27,7 @@ from .format import (
     read_manifest,
     short_hash,
     size_problems,
+    window_problems,
 )
 from .integrity import BlockChecker
 from .shards import coverage_problems, entry_problem, is_sharded, read_sharded_manifest
@@ -38,7 +41,8 @@ def verify_sidecar(path: str | os.PathLike) -> list[str]:
     """Every problem found in the sidecar at ``path``, one readable line each; an empty list means it is intact.
 
     Checks: the manifest parses; every data file exists with the size its shape implies; every file's checksum;
-    offsets start at 0, never decrease and end at ``num_tokens``; sorted docids are strictly increasing and map
+    offsets start at 0, never decrease and end at ``num_tokens``; the window map (format 3) gives every row a window
+    and agrees with the offsets; sorted docids are strictly increasing and map
     back to the row-order docids through ``docids_sorted_rows``.
     """
     path = Path(path)
@@ -77,7 +81,11 @@ def verify_sidecar(path: str | os.PathLike) -> list[str]:
             if name in intact:
                 problems += checker.problems(name)
     if OFFSETS in arrays:
-        problems += offset_problems(arrays[OFFSETS], manifest.num_tokens, manifest.files[OFFSETS].dtype)
+        offsets = offset_problems(arrays[OFFSETS], manifest.num_tokens, manifest.files[OFFSETS].dtype)
+        problems += offsets
+        if not offsets and {WINDOWS, WINDOW_OFFSETS} <= arrays.keys():
+            problems += window_problems(arrays[WINDOWS], arrays[WINDOW_OFFSETS], arrays[OFFSETS],
+                                        manifest.num_windows)
     if {DOCIDS, DOCIDS_SORTED, DOCIDS_SORTED_ROWS} <= arrays.keys():
         problems += _docid_problems(arrays[DOCIDS], arrays[DOCIDS_SORTED], arrays[DOCIDS_SORTED_ROWS])
     return problems

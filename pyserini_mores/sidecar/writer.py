@@ -42,6 +42,8 @@ from .format import (
     READ_CHECKSUM_ALGORITHM,
     STORAGE_DTYPES,
     TOKENS,
+    WINDOW_OFFSETS,
+    WINDOWS,
     BlockHasher,
     FileEntry,
     Manifest,
@@ -59,7 +61,9 @@ logger = logging.getLogger(__name__)
 
 JOURNAL_DIR = "_journal"
 JOURNAL_STATE = "state.json"
-_GROWING_FILES = (TOKENS, OFFSETS)
+_GROWING_FILES = (TOKENS, OFFSETS, WINDOWS, WINDOW_OFFSETS)
+# A window setting the writer was not told (a store written without a build's windows): recorded as null.
+_WINDOW_SETTINGS = ("window", "stride", "max_windows", "capacity")
 _DOCID_CHUNK = 1 << 20  # docids encoded per chunk, to bound the temporary list of bytes objects
 _DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
 
@@ -100,6 +104,9 @@ class SidecarWriter:
             :meth:`train_codec` before them, then every document is encoded.
         codec_options: ``pq_subquantizers`` (PQ's M), ``nbits``, ``num_centroids``, ``residual_dims`` (the residual
             codec's), ``sample_tokens`` (see :class:`.codecs.TokenCodec`).
+        windows: how the build cut documents into windows (:mod:`pyserini_mores.windows`): ``window`` and
+            ``stride`` in tokens, ``max_windows``, and ``capacity`` (the tokens the model reads of one); default one
+            window per document, with window, stride and capacity not recorded (null).
 
     Example::
 
@@ -113,7 +120,8 @@ class SidecarWriter:
                  model: Mapping[str, Any], index: Mapping[str, Any], build: Mapping[str, Any] | None = None,
                  shard: Mapping[str, Any] | None = None, overwrite: bool = False, restart: bool = False,
                  block_bytes: int = DEFAULT_BLOCK_BYTES, commit_every_docs: int = 1, codec: str | None = None,
-                 codec_options: Mapping[str, Any] | None = None, content_hashes: np.ndarray | None = None):
+                 codec_options: Mapping[str, Any] | None = None, content_hashes: np.ndarray | None = None,
+                 windows: Mapping[str, Any] | None = None):
         self.path = Path(path)
         self.partial_path = partial_path(self.path)
         self.dim = int(dim)
@@ -128,7 +136,9 @@ class SidecarWriter:
         self._codec = _make_codec(codec, self.dim, codec_options)  # None: vectors stored as they are
         if self._codec is not None:
             self.dtype = self._codec.name  # the manifest dtype of a compressed sidecar
-        self._pending: list[tuple[np.ndarray, np.ndarray]] = []  # (lengths, float32 tokens) awaiting the codec
+        # (window lengths, float32 tokens, windows per document) awaiting the codec
+        self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.windows = _check_windows(windows)
         self.model = _check_model(model)
         self.index = json_normalized(dict(index))
         self.build_info: dict[str, Any] = json_normalized(dict(build or {}))
@@ -153,7 +163,7 @@ class SidecarWriter:
         self._params = json_normalized({
             "format_version": FORMAT_VERSION, "dim": self.dim, "dtype": self.dtype, "num_docs": self.num_docs,
             "docid_width": docid_array.dtype.itemsize, "docids_sha256": docid_checksum, "model": self.model,
-            "index": self.index, "block_bytes": self.block_bytes})
+            "index": self.index, "block_bytes": self.block_bytes, "windows": self.windows})
         if self.shard:
             self._params["shard"] = self.shard  # a partial shard resumes only as the same shard of the same build
         if self._codec is not None:
@@ -187,48 +197,67 @@ class SidecarWriter:
     def rows_done(self) -> int:
         """Documents added (written, and durable once committed; under a codec still untrained, some may wait in
         memory). A resumed build continues at this row."""
-        return self._rows_done + sum(len(lengths) for lengths, _ in self._pending)
+        return self._rows_done + sum(len(counts) for _, _, counts in self._pending)
 
     @property
     def num_tokens(self) -> int:
         return self._num_tokens
 
-    def add(self, reps: Sequence[Any]) -> int:
-        """Append the next ``len(reps)`` documents. Each is a ``[len_i, dim]`` numpy array or torch tensor.
+    def add(self, reps: Sequence[Any], windows: Sequence[int] | np.ndarray | None = None, capped: int = 0) -> int:
+        """Append the next documents. Each of ``reps`` is a ``[len_i, dim]`` numpy array or torch tensor: one per
+        document, or with ``windows`` one per window, ``windows[d]`` consecutive windows (at least 1) for the
+        ``d``-th document added (a document's stored rows are its windows' rows one after the other).
 
-        ``len_i`` may be 0 (an empty document). Returns :attr:`rows_done`.
+        ``len_i`` may be 0 (an empty document). ``capped``: how many of these documents had windows the build's
+        ``max_windows`` left out (recorded in the manifest's ``windows``). Returns :attr:`rows_done`.
         """
         self._check_writable()
-        if self.rows_done + len(reps) > self.num_docs:
-            raise ValueError(f"{len(reps)} documents added at row {self.rows_done}, but the sidecar has only "
+        counts = (np.ones(len(reps), dtype=np.int64) if windows is None
+                  else np.asarray(windows, dtype=np.int64).reshape(-1))
+        if windows is not None and (int(counts.sum()) != len(reps) or (counts < 1).any()):
+            raise ValueError(f"{len(reps)} windows added for window counts summing to {int(counts.sum())} (every "
+                             "document needs at least one window)")
+        if len(counts) and int(counts.max()) > self.windows["max_windows"]:
+            raise ValueError(f"a document of {int(counts.max())} windows, but the sidecar stores at most "
+                             f"max_windows={self.windows['max_windows']}")
+        if self.rows_done + len(counts) > self.num_docs:
+            raise ValueError(f"{len(counts)} documents added at row {self.rows_done}, but the sidecar has only "
                              f"{self.num_docs} rows")
-        if not len(reps):
+        if not len(counts):
             return self.rows_done
+        self._capped += int(capped)
         if self._codec is None:
-            self._write_rows(*_to_storage(reps, self.dim, self.dtype, first_row=self._rows_done))
+            self._write_rows(*_to_storage(reps, self.dim, self.dtype, first_row=self._rows_done), counts)
             return self._rows_done
         lengths, tokens = _to_storage(reps, self.dim, "float32", first_row=self.rows_done)
         if self._codec.trained:
-            self._write_rows(lengths, self._codec.encode(tokens))
+            self._write_rows(lengths, self._codec.encode(tokens), counts)
         else:
-            self._pending.append((lengths, tokens))
-            if sum(len(pending) for _, pending in self._pending) >= self._codec.sample_tokens:
+            self._pending.append((lengths, tokens, counts))
+            if sum(len(pending) for _, pending, _ in self._pending) >= self._codec.sample_tokens:
                 self._train_codec()
         return self.rows_done
 
-    def _write_rows(self, lengths: np.ndarray, tokens: np.ndarray) -> None:
-        """Append documents of ``lengths`` whose token rows (in the storage dtype, or codes) are ``tokens``."""
-        offsets = (self._num_tokens + np.cumsum(lengths, dtype=np.int64)).astype(INDEX_DTYPE)
+    def _write_rows(self, lengths: np.ndarray, tokens: np.ndarray, counts: np.ndarray) -> None:
+        """Append windows of ``lengths`` whose token rows (in the storage dtype, or codes) are ``tokens``,
+        ``counts[d]`` of them for each document ``d``."""
+        window_offsets = (self._num_tokens + np.cumsum(lengths, dtype=np.int64)).astype(INDEX_DTYPE)
+        ends = np.cumsum(counts, dtype=np.int64)  # each document's last window + 1, counted from this call's first
+        offsets = window_offsets[ends - 1]
+        windows = (self._num_windows + ends).astype(INDEX_DTYPE)
         try:
-            # Offsets after tokens: a crash between the two leaves extra token bytes, which resuming truncates.
+            # Offsets after tokens: a crash between them leaves extra bytes, which resuming truncates.
             self._append(TOKENS, tokens)
+            self._append(WINDOW_OFFSETS, window_offsets)
             self._append(OFFSETS, offsets)
+            self._append(WINDOWS, windows)
         except BaseException:
             self._fail()
             raise
-        self._rows_done += len(lengths)
+        self._rows_done += len(counts)
+        self._num_windows += len(lengths)
         self._num_tokens += int(lengths.sum())
-        self._uncommitted_docs += len(lengths)
+        self._uncommitted_docs += len(counts)
         if self._uncommitted_docs >= self.commit_every_docs:
             self.commit()
 
@@ -259,7 +288,8 @@ class SidecarWriter:
             file = self._journal / JOURNAL_STATE
             write_json_atomic(file, {
                 "params": self._params, "rows_done": self._rows_done, "num_tokens": self._num_tokens,
-                "bytes": {TOKENS: self._token_bytes(self._num_tokens), OFFSETS: self._offset_bytes(self._rows_done)},
+                "num_windows": self._num_windows, "capped_documents": self._capped,
+                "bytes": self._growing_bytes(self._rows_done, self._num_tokens, self._num_windows),
                 "static_files": self._static_files, "build": self.build_info, "updated": time.time()})
         except BaseException as error:
             self._fail()
@@ -290,6 +320,7 @@ class SidecarWriter:
             dim=self.dim, dtype=self.dtype, num_docs=self.num_docs, num_tokens=self._num_tokens,
             docid_width=self.docid_width, files={}, model=self.model, index=self.index, build=self.build_info,
             shard=self.shard, codec=self._codec.manifest_entry() if self._codec is not None else {},
+            windows={**self.windows, "num_windows": self._num_windows, "capped_documents": self._capped},
             checksum={"algorithm": CHECKSUM_ALGORITHM, "block_bytes": self.block_bytes,
                       "read_algorithm": READ_CHECKSUM_ALGORITHM, "read_block_bytes": READ_BLOCK_BYTES},
             created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -359,8 +390,10 @@ class SidecarWriter:
         width = self._codec.code_size if self._codec is not None else self.dim
         return num_tokens * width * self._storage_dtype.itemsize
 
-    def _offset_bytes(self, rows: int) -> int:
-        return (rows + 1) * INDEX_DTYPE.itemsize
+    def _growing_bytes(self, rows: int, tokens: int, windows: int) -> dict[str, int]:
+        """Bytes of each growing file after ``rows`` documents of ``tokens`` tokens in ``windows`` windows."""
+        return {TOKENS: self._token_bytes(tokens), OFFSETS: (rows + 1) * INDEX_DTYPE.itemsize,
+                WINDOWS: (rows + 1) * INDEX_DTYPE.itemsize, WINDOW_OFFSETS: (windows + 1) * INDEX_DTYPE.itemsize}
 
     def _start(self, docid_array: np.ndarray, docids_sorted: np.ndarray, sorted_rows: np.ndarray) -> None:
         if self.partial_path.exists():
@@ -372,10 +405,13 @@ class SidecarWriter:
         self._write_docid_files(docid_array, docids_sorted, sorted_rows)
         self._rows_done = 0
         self._num_tokens = 0
+        self._num_windows = 0
+        self._capped = 0
         self._hashers = {name: BlockHasher(self.block_bytes) for name in _GROWING_FILES}
         # Open for the writer's lifetime (closed by close() or finalize()), not one block.
         self._files = {name: open(self.partial_path / name, "wb") for name in _GROWING_FILES}  # noqa: SIM115
-        self._append(OFFSETS, np.zeros(1, dtype=INDEX_DTYPE))
+        for name in (OFFSETS, WINDOWS, WINDOW_OFFSETS):
+            self._append(name, np.zeros(1, dtype=INDEX_DTYPE))
         self.commit()
 
     def _write_docid_files(self, docid_array: np.ndarray, docids_sorted: np.ndarray,
@@ -405,8 +441,8 @@ class SidecarWriter:
 
     def _resume(self, state: dict[str, Any], docid_array: np.ndarray, docids_sorted: np.ndarray,
                 sorted_rows: np.ndarray) -> None:
-        rows, tokens = int(state["rows_done"]), int(state["num_tokens"])
-        lengths = {TOKENS: self._token_bytes(tokens), OFFSETS: self._offset_bytes(rows)}
+        rows, tokens, windows = int(state["rows_done"]), int(state["num_tokens"]), int(state["num_windows"])
+        lengths = self._growing_bytes(rows, tokens, windows)
         for name, length in lengths.items():
             file = self.partial_path / name
             actual = file.stat().st_size if file.exists() else -1
@@ -416,12 +452,15 @@ class SidecarWriter:
                     f"{max(actual, 0)} are on disk; pass restart=True to start over")
         for name, length in lengths.items():
             os.truncate(self.partial_path / name, length)  # drop whatever was written after the last commit
-        with open(self.partial_path / OFFSETS, "rb") as stream:
-            stream.seek(rows * INDEX_DTYPE.itemsize)
-            last_offset = int(np.frombuffer(stream.read(INDEX_DTYPE.itemsize), dtype=INDEX_DTYPE)[0])
-        if last_offset != tokens:
-            raise SidecarCorruptError(f"cannot resume {self.partial_path}: {OFFSETS} ends at token {last_offset} "
-                                      f"but the journal records {tokens}; pass restart=True to start over")
+        for name, position, expected, unit in ((OFFSETS, rows, tokens, "token"),
+                                               (WINDOW_OFFSETS, windows, tokens, "token"),
+                                               (WINDOWS, rows, windows, "window")):
+            with open(self.partial_path / name, "rb") as stream:
+                stream.seek(position * INDEX_DTYPE.itemsize)
+                last = int(np.frombuffer(stream.read(INDEX_DTYPE.itemsize), dtype=INDEX_DTYPE)[0])
+            if last != expected:
+                raise SidecarCorruptError(f"cannot resume {self.partial_path}: {name} ends at {unit} {last} but "
+                                          f"the journal records {expected}; pass restart=True to start over")
         self._static_files = dict(state.get("static_files", {}))
         docid_files_ok = all(
             name in self._static_files and (self.partial_path / name).exists()
@@ -439,7 +478,8 @@ class SidecarWriter:
             # Keep the log equal to the restored digests, so later appends continue it.
             _write_block_log(self._journal / f"{name}.blocks", hasher.block_digests)
             self._logged_blocks[name] = len(hasher.block_digests)
-        self._rows_done, self._num_tokens = rows, tokens
+        self._rows_done, self._num_tokens, self._num_windows = rows, tokens, windows
+        self._capped = int(state.get("capped_documents", 0))
         self.build_info = {**state.get("build", {}), **self.build_info}
         self._files = {name: open(self.partial_path / name, "ab") for name in _GROWING_FILES}  # noqa: SIM115
         logger.info("resuming sidecar build %s at row %d of %d", self.partial_path, rows, self.num_docs)
@@ -465,12 +505,12 @@ class SidecarWriter:
 
     def _train_codec(self) -> None:
         """Train the codec on the first tokens waiting, store its parameters, then write every waiting document."""
-        sample = np.concatenate([tokens for _, tokens in self._pending])[:self._codec.sample_tokens]
+        sample = np.concatenate([tokens for _, tokens, _ in self._pending])[:self._codec.sample_tokens]
         self._codec.train(sample)
         self._store_codec()
         pending, self._pending = self._pending, []
-        for lengths, tokens in pending:
-            self._write_rows(lengths, self._codec.encode(tokens))
+        for lengths, tokens, counts in pending:
+            self._write_rows(lengths, self._codec.encode(tokens), counts)
 
     def _store_codec(self) -> None:
         """Write the trained codec's parameters to ``codec.bin`` (fsynced) and record them for the manifest."""
@@ -558,6 +598,21 @@ class SidecarWriter:
 def _raise_if_disk_full(error: BaseException, file: Path, partial: Path) -> None:
     if isinstance(error, OSError) and not isinstance(error, SidecarError) and error.errno in _DISK_FULL_ERRNOS:
         raise SidecarDiskFullError(file, partial, error) from error
+
+
+def _check_windows(windows: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The manifest's window settings: ``window``, ``stride``, ``capacity`` (tokens, or None when not recorded)
+    and ``max_windows`` (default 1)."""
+    windows = dict(windows or {})
+    unknown = sorted(set(windows) - set(_WINDOW_SETTINGS))
+    if unknown:
+        raise ValueError(f"unknown window settings {unknown}; expected {list(_WINDOW_SETTINGS)}")
+    settings = {name: windows.get(name) for name in _WINDOW_SETTINGS}
+    settings["max_windows"] = settings["max_windows"] or 1
+    for name, value in settings.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"window setting {name} must be a positive integer, not {value!r}")
+    return settings
 
 
 def _make_codec(name: str | None, dim: int, options: Mapping[str, Any] | None):

@@ -182,7 +182,7 @@ def test_a_sharded_sidecar_of_format_1_shards_reranks_the_same_and_says_so_once(
     with caplog.at_level(logging.INFO):
         through_legacy = RerankingSearcher(tiny_index, "maxsim", model=tiny_maxsim_dir, sidecar=legacy)
         current = RerankingSearcher(tiny_index, "maxsim", model=tiny_maxsim_dir, sidecar=sharded)
-        assert through_legacy.reranker.sidecar.format_version == 1 and current.reranker.sidecar.format_version == 2
+        assert through_legacy.reranker.sidecar.format_version == 1 and current.reranker.sidecar.format_version == 3
         for query in ("server data file code system", "python linux web server editor database network"):
             a, b = through_legacy.search(query, k=20), current.search(query, k=20)
             assert len(a) >= 9
@@ -191,10 +191,11 @@ def test_a_sharded_sidecar_of_format_1_shards_reranks_the_same_and_says_so_once(
     messages = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
     said = [message for message in messages if "format 1" in message]
     assert said == [f"sharded sidecar {legacy} has 3 of 3 shards in format 1: they have no block checksums, manifest "
-                    f"checksum or document text hashes, so damaged bytes and changed document texts are not detected "
-                    f"at search time; `python -m pyserini_mores.sidecar verify {legacy} --index INDEX` checks its "
-                    f"files whole, `python -m pyserini_mores.sidecar build ... --output {legacy} --overwrite` "
-                    f"rebuilds it in format 2"]
+                    f"checksum, document text hashes or windows, so damaged bytes and changed document texts are "
+                    f"not detected at search time and windowed aggregations read one window per document; `python -m "
+                    f"pyserini_mores.sidecar verify {legacy} --index INDEX` checks its files whole, `python -m "
+                    f"pyserini_mores.sidecar build ... --output {legacy} --max-windows N --overwrite` rebuilds it in "
+                    f"format 3"]
 
     assert sidecar_main(["info", str(legacy)]) == 0
     out = capsys.readouterr().out

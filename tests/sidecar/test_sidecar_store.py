@@ -26,7 +26,7 @@ from pyserini_mores.sidecar import (
     verify_sidecar,
 )
 from pyserini_mores.sidecar.__main__ import main
-from pyserini_mores.sidecar.format import DATA_FILES, FORMAT_VERSION, file_checksum
+from pyserini_mores.sidecar.format import DATA_FILES, FORMAT_VERSION, WINDOW_FILES, file_checksum
 
 DIM = 6
 FINGERPRINT = "0123456789abcdef" * 4
@@ -187,7 +187,7 @@ def test_nothing_appears_before_finalize(tmp_path):
     writer.add(docs[4:])
     writer.finalize()
     assert path.is_dir() and not (tmp_path / "sidecar.partial").exists()
-    assert sorted(p.name for p in path.iterdir()) == sorted([*DATA_FILES, "manifest.json"])
+    assert sorted(p.name for p in path.iterdir()) == sorted([*DATA_FILES, *WINDOW_FILES, "manifest.json"])
 
 
 @pytest.mark.parametrize("crash", ["committed every add", "uncommitted tail", "lost block log"])

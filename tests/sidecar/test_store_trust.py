@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sidecar_forge import to_format_1
+from sidecar_forge import to_format_1, to_format_2
 
 from pyserini_mores.index.__main__ import main as index_main
 from pyserini_mores.search.__main__ import main as search_main
@@ -192,17 +192,18 @@ def test_a_format_1_sidecar_reranks_like_format_2_and_warns_once(indexed, tiny_m
     assert (tmp_path / "b" / "out.trec").read_text() == expected  # same docids, same scores, same order
     warnings = _legacy_warnings(caplog, legacy)
     assert warnings == [
-        f"sidecar {legacy} is format 1: it has no block checksums, manifest checksum or document text hashes, so "
-        f"damaged bytes and changed document texts are not detected at search time; `python -m "
-        f"pyserini_mores.sidecar verify {legacy} --index INDEX` checks its files whole, `python -m "
-        f"pyserini_mores.sidecar build ... --output {legacy} --overwrite` rebuilds it in format 2"]
+        f"sidecar {legacy} is format 1: it has no block checksums, manifest checksum, document text hashes or "
+        f"windows, so damaged bytes and changed document texts are not detected at search time and windowed "
+        f"aggregations read one window per document; `python -m pyserini_mores.sidecar verify {legacy} --index "
+        f"INDEX` checks its files whole, `python -m pyserini_mores.sidecar build ... --output {legacy} --max-windows "
+        f"N --overwrite` rebuilds it in format 3"]
     assert not _legacy_warnings(caplog, sidecar)
 
     assert sidecar_main(["info", str(legacy)]) == 0
     out = capsys.readouterr().out
     assert "format      pyserini-mores-sidecar v1," in out
-    assert ("integrity   this sidecar is format 1: it has no block checksums, manifest checksum or document "
-            "text hashes") in out
+    assert ("integrity   this sidecar is format 1: it has no block checksums, manifest checksum, document text "
+            "hashes or windows") in out
     assert sidecar_main(["info", str(sidecar)]) == 0
     assert ("integrity   block checksums checked on first read, manifest checksum, document text hashes"
             in capsys.readouterr().out)
@@ -241,6 +242,7 @@ def test_verify_of_a_format_1_sidecar_finds_a_flipped_byte_by_its_whole_file_che
 def test_a_format_2_manifest_edited_to_format_1_is_refused(indexed, tmp_path, capsys):
     copy = tmp_path / "copy"
     shutil.copytree(indexed[1], copy)
+    to_format_2(copy)
     manifest = json.loads((copy / "manifest.json").read_text())
     manifest["format_version"] = 1  # which would skip the manifest checksum and the block checks
     (copy / "manifest.json").write_text(json.dumps(manifest))
@@ -252,8 +254,8 @@ def test_a_format_2_manifest_edited_to_format_1_is_refused(indexed, tmp_path, ca
 
 
 @pytest.mark.parametrize("version, message", [
-    (3, "sidecar format_version is 3, this pyserini_mores reads version 2; upgrade pyserini_mores to read it"),
-    (0, "field 'format_version' is 0, not a sidecar format version (1 or 2)"),
+    (4, "sidecar format_version is 4, this pyserini_mores reads version 3; upgrade pyserini_mores to read it"),
+    (0, "field 'format_version' is 0, not a sidecar format version (1, 2 or 3)"),
 ])
 def test_a_format_this_package_does_not_read_is_refused(indexed, tiny_maxsim_dir, tmp_path, capsys, version,
                                                          message):
