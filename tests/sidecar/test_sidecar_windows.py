@@ -262,6 +262,16 @@ def test_a_damaged_window_map_is_refused_naming_the_file(windowed, tmp_path, nam
     assert any(problem in line for line in verify_sidecar(copy))
 
 
+def test_a_window_map_that_disagrees_with_the_offsets_is_refused(windowed, tmp_path):
+    copy = _copy(windowed, tmp_path)
+    windows = np.fromfile(copy / "windows.bin", dtype="<i8")
+    row = int(np.flatnonzero(np.diff(windows) > 1)[0]) + 1  # the row after one of several windows
+    _poke(copy / "windows.bin", row, int(windows[row]) - 1)  # that row now starts a window early
+    with pytest.raises(SidecarCorruptError, match=f"window_offsets.bin: row {row}'s windows start at token .* but "
+                                                  f"offsets.bin puts the row at"):
+        SidecarReader(copy)
+
+
 def test_a_window_map_edit_that_keeps_its_shape_is_caught_by_its_checksums(windowed, tmp_path):
     copy = _copy(windowed, tmp_path)
     offsets = np.fromfile(copy / "window_offsets.bin", dtype="<i8")
@@ -324,6 +334,14 @@ def test_absurd_window_values_in_the_manifest_are_one_error_line(windowed, tmp_p
     assert sidecar_main(["info", str(copy)]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
+
+
+def test_a_format_3_manifest_edited_to_format_2_is_refused(windowed, tmp_path, capsys):
+    copy = _copy(windowed, tmp_path)
+    _edit_manifest(copy, lambda d: d.__setitem__("format_version", 2))
+    assert sidecar_main(["info", str(copy)]) == 2
+    assert ("format_version is 2 but the manifest holds windows, files.windows.bin, files.window_offsets.bin, which "
+            "format 2 does not have: its version was edited") in capsys.readouterr().err
 
 
 def test_an_edited_window_setting_is_caught_by_the_manifest_checksum(windowed, tmp_path):
