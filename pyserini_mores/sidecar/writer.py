@@ -238,6 +238,32 @@ class SidecarWriter:
                 self._train_codec()
         return self.rows_done
 
+    def add_codes(self, lengths: Sequence[int] | np.ndarray, codes: np.ndarray) -> int:
+        """Append the next ``len(lengths)`` documents, one window each, already encoded by this writer's trained
+        codec: ``codes [sum(lengths), code_size]`` uint8, the documents' tokens one after the other (what
+        ``tokens.bin`` holds).
+        For codes made elsewhere with the same codec parameters, or synthetic stores; the codes are not checked
+        against the codec (a reader refuses a residual centroid id beyond its centroids). Returns :attr:`rows_done`.
+        """
+        self._check_writable()
+        if self._codec is None or not self._codec.trained or self._pending:
+            raise ValueError("add_codes needs a compressed codec trained before any document was added "
+                             "(train_codec, or a resumed build)")
+        lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
+        if len(lengths) and lengths.min() < 0:
+            raise ValueError("document lengths must not be negative")
+        if self.rows_done + len(lengths) > self.num_docs:
+            raise ValueError(f"{len(lengths)} documents added at row {self.rows_done}, but the sidecar has only "
+                             f"{self.num_docs} rows")
+        codes = np.asarray(codes)
+        expected = (int(lengths.sum()), self._codec.code_size)
+        if codes.dtype != CODE_DTYPE or codes.shape != expected:
+            raise ValueError(f"expected codes of shape [{expected[0]}, {expected[1]}] and dtype uint8, got "
+                             f"{list(codes.shape)} {codes.dtype}")
+        if len(lengths):
+            self._write_rows(lengths, codes, np.ones(len(lengths), dtype=np.int64))  # one window per document
+        return self.rows_done
+
     def _write_rows(self, lengths: np.ndarray, tokens: np.ndarray, counts: np.ndarray) -> None:
         """Append windows of ``lengths`` whose token rows (in the storage dtype, or codes) are ``tokens``,
         ``counts[d]`` of them for each document ``d``."""
@@ -486,6 +512,12 @@ class SidecarWriter:
 
     # ---- the codec ---------------------------------------------------------------------------------------------
     @property
+    def codec(self) -> TokenCodec | None:
+        """The codec that encodes this sidecar's rows (``None`` under ``fp16``); trained once
+        :attr:`codec_sample_tokens` is 0."""
+        return self._codec
+
+    @property
     def codec_sample_tokens(self) -> int:
         """How many token vectors the codec wants to train on; 0 when there is no codec or it is trained (a
         resumed build)."""
@@ -501,6 +533,20 @@ class SidecarWriter:
         if self.rows_done or self._pending:
             raise ValueError("train_codec must come before the first document is added")
         self._codec.train(np.ascontiguousarray(sample, dtype=np.float32))
+        self._store_codec()
+
+    def adopt_codec(self, parameters: np.ndarray, trained_on: int = 0) -> None:
+        """Use a codec trained elsewhere instead of training one: ``parameters`` are a trained codec's
+        :meth:`.codecs.TokenCodec.parameters` with this writer's codec settings, e.g. one codec trained once for every
+        shard of a build; ``trained_on`` is the number of tokens it was trained on (for the manifest). Only before
+        any document is added."""
+        self._check_writable()
+        if self._codec is None or self._codec.trained:
+            raise ValueError("adopt_codec needs an untrained codec (none, or trained before an interruption)")
+        if self.rows_done or self._pending:
+            raise ValueError("adopt_codec must come before the first document is added")
+        self._codec.load_parameters(np.asarray(parameters, dtype=CODEC_PARAMETER_DTYPE))
+        self._codec.trained_on = int(trained_on)
         self._store_codec()
 
     def _train_codec(self) -> None:

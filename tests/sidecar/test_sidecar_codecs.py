@@ -372,3 +372,53 @@ def test_the_benchmark_reads_compressed_sidecars(tmp_path):
     # MORES 1xIB S2 of the 32-wide tiny backbone stores 2 x 32 values per token: 64 one-byte codes
     assert record["store_dtype"] == "sq8" and record["bytes_per_doc"] == 16 * 64
     assert record["sidecar_read_ms_median"] > 0 and record["ms_per_query_median"] > 0
+
+
+def test_codes_added_as_codes_store_what_adding_their_vectors_stores(tmp_path):
+    """``adopt_codec`` takes a codec trained elsewhere (same codes as that codec makes) and ``add_codes`` writes codes
+    as they are: the store equals the one written from the vectors, byte for byte, checksums included."""
+    docs = _documents()
+    codec = TokenCodec("pq", DIM, pq_subquantizers=4)
+    codec.train(_vectors(2000, seed=1))
+    by_vectors = SidecarWriter(tmp_path / "vectors", dim=DIM, docids=DOCIDS, model=MODEL, index=INDEX, codec="pq",
+                               codec_options={"pq_subquantizers": 4})
+    by_vectors.adopt_codec(codec.parameters(), trained_on=2000)
+    by_vectors.add(docs)
+    by_vectors.finalize()
+    by_codes = SidecarWriter(tmp_path / "codes", dim=DIM, docids=DOCIDS, model=MODEL, index=INDEX, codec="pq",
+                             codec_options={"pq_subquantizers": 4})
+    by_codes.adopt_codec(codec.parameters(), trained_on=2000)
+    assert by_codes.add_codes(LENGTHS[:10], codec.encode(np.concatenate(docs[:10]))) == 10
+    assert by_codes.add_codes(LENGTHS[10:], codec.encode(np.concatenate(docs[10:]))) == len(LENGTHS)
+    by_codes.finalize()
+    for name in ("tokens.bin", "offsets.bin", "codec.bin", "checksums.bin"):
+        assert (tmp_path / "codes" / name).read_bytes() == (tmp_path / "vectors" / name).read_bytes(), name
+    with open_sidecar(tmp_path / "codes") as store:
+        assert store.manifest.codec["trained_on_tokens"] == 2000
+        assert np.array_equal(store.get(2), codec.decode(codec.encode(docs[2])))
+    assert verify_sidecar(tmp_path / "codes") == []
+
+
+def test_add_codes_refuses_codes_it_cannot_store(tmp_path):
+    codec = TokenCodec("pq", DIM, pq_subquantizers=4)
+    codec.train(_vectors(2000, seed=1))
+    writer = SidecarWriter(tmp_path / "s", dim=DIM, docids=DOCIDS, model=MODEL, index=INDEX, codec="pq",
+                           codec_options={"pq_subquantizers": 4})
+    codes = np.zeros((5, 4), dtype=np.uint8)
+    with pytest.raises(ValueError, match="add_codes needs a compressed codec trained before any document"):
+        writer.add_codes([5], codes)
+    writer.adopt_codec(codec.parameters())
+    with pytest.raises(ValueError, match=r"expected codes of shape \[6, 4\] and dtype uint8, got \[5, 4\] uint8"):
+        writer.add_codes([6], codes)
+    with pytest.raises(ValueError, match=r"expected codes of shape \[5, 4\] and dtype uint8, got \[5, 4\] int64"):
+        writer.add_codes([5], codes.astype(np.int64))
+    with pytest.raises(ValueError, match="document lengths must not be negative"):
+        writer.add_codes([6, -1], codes)
+    with pytest.raises(ValueError, match="but the sidecar has only 60 rows"):
+        writer.add_codes([0] * 61, codes[:0])
+    with pytest.raises(ValueError, match="adopt_codec needs an untrained codec"):
+        writer.adopt_codec(codec.parameters())
+    assert writer.rows_done == 0
+    fp16 = SidecarWriter(tmp_path / "f", dim=DIM, docids=DOCIDS, model=MODEL, index=INDEX)
+    with pytest.raises(ValueError, match="add_codes needs a compressed codec"):
+        fp16.add_codes([5], codes)
