@@ -52,7 +52,7 @@ if str(REPOSITORY) not in sys.path:
     sys.path.append(str(REPOSITORY))
 
 from integrations.scale.measure_store import device_read_bytes, percentile, rss_bytes  # noqa: E402
-from pyserini_mores.sidecar.format import MANIFEST  # noqa: E402
+from pyserini_mores.sidecar.format import MANIFEST, SidecarError  # noqa: E402
 
 MSMARCO_PASSAGES = 8_841_823
 DIM = 384  # MiniLM's width
@@ -224,7 +224,6 @@ def shard_task(config: StoreConfig, shard: int, output: str, build_id: str) -> s
     return output
 
 
-CODEC_PARAMETERS = "synthetic-codec.f32"  # beside the shards: a resumed build adopts the same codec
 
 
 def train_codec(config: StoreConfig, output: Path) -> tuple[np.ndarray, float]:
@@ -232,7 +231,7 @@ def train_codec(config: StoreConfig, output: Path) -> tuple[np.ndarray, float]:
     when an earlier run trained it); and the seconds training took."""
     from pyserini_mores.sidecar.codecs import TokenCodec
 
-    file = output / CODEC_PARAMETERS
+    file = output / f"codec-{config.build_id()}.f32"  # beside the shards: a resumed build adopts the same codec
     codec = TokenCodec(config.codec, DIM, **config.codec_options)
     if file.is_file():
         parameters = np.fromfile(file, dtype=np.float32)
@@ -489,8 +488,11 @@ def main(argv: list[str] | None = None) -> int:
     if complete:
         from pyserini_mores.sidecar.shards import is_sharded, read_sharded_manifest
 
-        complete = is_sharded(args.output) and read_sharded_manifest(args.output).build_id == config.build_id()
-    if not complete:
+        if not is_sharded(args.output) or read_sharded_manifest(args.output).build_id != config.build_id():
+            print(f"error: --output {args.output} holds another store (other --num-docs, --shards, --codec, --rows, "
+                  "--seed or lengths); pass --restart to replace it", file=sys.stderr)
+            return 2
+    else:
         if args.restart and args.output.exists():
             shutil.rmtree(args.output)
         directory, free, needed = disk_needed(args.output, lengths, args.shards)
@@ -511,6 +513,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"interrupted: {args.output} keeps every finished shard and each shard's committed rows; run the same "
               "command again to resume (--restart to discard them)", file=sys.stderr)
         return 130
+    except SidecarError as error:  # e.g. a partial shard of another build: one line, like the sidecar commands
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     files = store_files(args.output)
     setup = {"num_docs": args.num_docs, "num_tokens": int(lengths.sum()), "shards": args.shards,
              "codec": args.codec, "codec_options": config.codec_options, "bytes_per_token": CODE_BYTES, "dim": DIM,

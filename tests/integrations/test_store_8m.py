@@ -90,9 +90,12 @@ def test_a_tiny_sharded_store_is_measured_and_every_row_decodes_to_what_was_writ
     assert verify_sidecar(output) == []
     check_rows_decode_to_what_was_written(output, lengths)
 
-    # A second run finds the finished store and only measures it.
+    # A second run finds the finished store and only measures it; another store's settings are refused.
     assert store_8m.main([*TINY, "--output", str(output), "--json", str(results)]) == 0
     assert json.loads(results.read_text())["build"] is None
+    assert store_8m.main([*TINY, "--output", str(output), "--seed", "1"]) == 2
+    assert capsys.readouterr().err == (f"error: --output {output} holds another store (other --num-docs, --shards, "
+                                       "--codec, --rows, --seed or lengths); pass --restart to replace it\n")
 
 
 def test_rows_written_as_vectors_are_encoded_back_to_the_same_codes(tmp_path, source_lengths):
