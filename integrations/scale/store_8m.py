@@ -264,18 +264,21 @@ def build_store(config: StoreConfig, output: Path, engine: str, workers: int) ->
         ray = import_ray()
         from pyserini_mores._jvm import jvm_signal_handlers_kept
 
-        with jvm_signal_handlers_kept():
-            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False,
-                     runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [
-                         str(REPOSITORY), os.environ.get("PYTHONPATH", "")]))}})
+        started_here = not ray.is_initialized()  # else the Ray instance of the caller, with its CPUs
+        if started_here:
+            with jvm_signal_handlers_kept():
+                ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False,
+                         runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [
+                             str(REPOSITORY), os.environ.get("PYTHONPATH", "")]))}})
         ray_start_seconds = time.perf_counter() - started  # not the store's cost: kept out of the throughput
         started = time.perf_counter()
         try:
             build_shards_on_ray(config, ShardPlan(output, config.num_shards, build_id, paths, todo), shard_task,
                                 cpus_per_task=1.0)
         finally:
-            with jvm_signal_handlers_kept():
-                ray.shutdown()
+            if started_here:
+                with jvm_signal_handlers_kept():
+                    ray.shutdown()
     else:
         for shard in todo:
             shard_task(config, shard, str(paths[shard]), build_id)

@@ -132,6 +132,18 @@ def test_an_interrupted_build_resumes_from_the_rows_it_committed(tmp_path, sourc
     check_rows_decode_to_what_was_written(output, expected_lengths(source_lengths))
 
 
+@pytest.mark.slow
+def test_shards_written_as_ray_tasks_make_the_same_store(tmp_path, source_lengths):
+    pytest.importorskip("ray")
+    output, results = tmp_path / "store", tmp_path / "ray.json"
+    assert store_8m.main([*TINY, "--engine", "ray", "--workers", "2", "--output", str(output), "--queries", "1",
+                          "--json", str(results)]) == 0
+    build = json.loads(results.read_text())["build"]
+    assert (build["engine"], build["workers"], build["shards_built"]) == ("ray", 2, [0, 1])
+    assert build["ray_start_seconds"] >= 0 and build["docs_written"] == NUM_DOCS
+    check_rows_decode_to_what_was_written(output, expected_lengths(source_lengths))
+
+
 def test_a_disk_too_small_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
     output = tmp_path / "deep" / "store"
     real_usage = shutil.disk_usage
