@@ -104,6 +104,17 @@ def test_rows_written_as_vectors_are_encoded_back_to_the_same_codes(tmp_path, so
     check_rows_decode_to_what_was_written(output, expected_lengths(source_lengths))
 
 
+def test_a_residual_store_holds_valid_centroid_ids_and_decodes_to_what_was_written(tmp_path, source_lengths):
+    output, results = tmp_path / "store", tmp_path / "store.json"
+    assert store_8m.main([*TINY, "--codec", "residual", "--codec-sample-tokens", "1024", "--output", str(output),
+                          "--queries", "1", "--json", str(results)]) == 0
+    setup = json.loads(results.read_text())["setup"]
+    assert setup["codec_options"] == {"sample_tokens": 1024, "num_centroids": 1024}
+    with open_sidecar(output) as store:
+        assert all(shard.codec.code_size == 48 for shard in store.shards)
+    check_rows_decode_to_what_was_written(output, expected_lengths(source_lengths), codec="residual")
+
+
 def test_an_interrupted_build_resumes_from_the_rows_it_committed(tmp_path, source_lengths, monkeypatch, capsys):
     """Shard 1 holds rows [1000, 2000): its first piece (rows up to the generator block edge at 1024) is committed,
     then the build is interrupted; the next run skips shard 0 and resumes shard 1 at row 1024."""
