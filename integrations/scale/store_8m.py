@@ -310,7 +310,8 @@ def expected_bytes(lengths: np.ndarray, num_shards: int) -> int:
     num_docs = len(lengths)
     docid_width = len(str(max(num_docs - 1, 0)))
     codes = int(lengths.sum(dtype=np.int64)) * CODE_BYTES
-    tables = num_docs * (2 * docid_width + 8) + (num_docs + num_shards) * 8
+    # docids and sorted docids, sorted rows; offsets, windows and window offsets (one window per document)
+    tables = num_docs * (2 * docid_width + 8) + 3 * (num_docs + num_shards) * 8
     # codec.bin of each shard and the shared copy (the residual's centroids are the largest), manifests, journals
     per_shard = StoreConfig.num_centroids * DIM * 4 + 64 * 1024
     return codes + tables + (num_shards + 1) * per_shard
@@ -397,6 +398,13 @@ def store_files(path: Path) -> dict[str, Any]:
     return {"bytes_per_file": dict(sorted(per_file.items())), "total_bytes": sum(per_file.values())}
 
 
+def _size(size: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if size >= scale:
+            return f"{size / scale:,.2f} {unit}"
+    return f"{size} B"
+
+
 def report_table(result: dict[str, Any]) -> str:
     setup, build, files, reads = result["setup"], result["build"], result["files"], result["results"]
     rows = [("documents", f"{setup['num_docs']:,} in {setup['shards']} shards, {setup['num_tokens']:,} tokens "
@@ -407,7 +415,7 @@ def report_table(result: dict[str, Any]) -> str:
                            f"{build['mb_per_s']:.1f} MB/s"),
                  ("codec training (once, before)", f"{build['codec_train_seconds']:.1f} s"),
                  ("assemble", f"{build['assemble_seconds'] * 1000:.1f} ms")]
-    rows += [(f"  {name}", f"{size / 1e6:,.1f} MB") for name, size in files["bytes_per_file"].items()]
+    rows += [(f"  {name}", _size(size)) for name, size in files["bytes_per_file"].items()]
     rows += [("store on disk", f"{files['total_bytes'] / 1e9:.3f} GB"),
              ("open (cold)", f"{reads['open_ms']:.2f} ms"),
              ("RSS increase after open", f"{reads['rss_increase_after_open_bytes'] / 2 ** 20:.1f} MiB"),
