@@ -1,7 +1,8 @@
 """Build and measure a synthetic sidecar the size of MS MARCO passage: 8,841,823 documents of 384-d MiniLM token
-vectors at 48 bytes/token (``pq`` M = 48, or the ``residual`` codec's default), written shard by shard through the
-normal ``SidecarWriter`` (here one shard after another, or as Ray tasks), assembled, then opened and read the way the
-rerank path reads 1000 candidates per query, from a cold and from a warm page cache.
+vectors at 48 bytes/token (``pq`` M = 48, or ``residual`` with 1,024 centroids and 368 dims x 1 bit), written shard
+by shard through the normal ``SidecarWriter`` (here one shard after another, or as Ray tasks), each shard adopting
+one codec trained once, assembled, then opened and read the way the rerank path reads 1000 candidates per query, from
+a cold and from a warm page cache.
 
 Lengths: the WordPiece counts (MiniLM tokenizer, [CLS] and [SEP] included, no cap) of a real collection's passages
 (``--length-source``: the debian-packages collection when it is beside the repository, else the sample shipped in the
@@ -25,7 +26,7 @@ An interrupted build keeps each shard's committed rows and every finished shard:
 (``--restart`` discards it). Example (the full size; ~30 GB)::
 
     python integrations/scale/store_8m.py --output /data/scale/store-8m --shards 8 \\
-        --json /data/scale/store-8m.json
+        --length-source ../shared/data/debian-packages/collection.tsv --json runs/scale/store-8m.json
 """
 from __future__ import annotations
 
@@ -147,8 +148,8 @@ def row_codes(lengths: np.ndarray, seed: int, codec: str, num_centroids: int, st
 
 
 def training_sample(num_tokens: int, seed: int) -> np.ndarray:
-    """``[num_tokens, 384]`` float32 standard normal vectors: what each shard's codec trains on (the store never looks
-    at values, and the rows are random codes of the trained codec)."""
+    """``[num_tokens, 384]`` float32 standard normal vectors: what the store's one codec trains on (the store never
+    looks at values, and the rows are random codes of the trained codec)."""
     return np.random.default_rng([seed, 2]).standard_normal((num_tokens, DIM), dtype=np.float32)
 
 
@@ -222,8 +223,6 @@ def shard_task(config: StoreConfig, shard: int, output: str, build_id: str) -> s
         writer.close()  # the committed rows stay in the partial build for the next run to resume
         raise
     return output
-
-
 
 
 def train_codec(config: StoreConfig, output: Path) -> tuple[np.ndarray, float]:
