@@ -26,6 +26,19 @@ from .errors import UsageError
 AGGREGATIONS = ("firstp", "maxp", "sump", "avgcls")
 # The aggregations that need nothing of the model but one score per window.
 SCORE_AGGREGATIONS = ("firstp", "maxp", "sump")
+#: the aggregation of a reranker that is not given one; with one window per document every aggregation but
+#: ``avgcls`` gives that window's score, so it changes nothing for documents the model reads whole
+DEFAULT_AGGREGATION = "maxp"
+
+
+def check_aggregation(how: str, model_type: str | None = None, scores_cls: bool = True) -> None:
+    """Refuse an aggregation that is not one of :data:`AGGREGATIONS`, or ``avgcls`` for a model whose score is not
+    a head on one vector (``scores_cls``: its capabilities')."""
+    if how not in AGGREGATIONS:
+        raise UsageError(f"--aggregate must be one of {', '.join(AGGREGATIONS)}, not {how!r}")
+    if how == "avgcls" and not scores_cls:
+        raise UsageError(f"--aggregate avgcls averages the [CLS] vectors a model's head reads, and {model_type} "
+                         f"scores without one: use {', '.join(SCORE_AGGREGATIONS)}")
 
 
 @dataclass(frozen=True)
@@ -160,3 +173,17 @@ def aggregate_scores(window_scores: np.ndarray, owners: np.ndarray, num_document
     if how == "sump":
         return np.add.reduceat(window_scores, firsts)
     raise ValueError(f"aggregation {how!r} is not one of {SCORE_AGGREGATIONS} (avgcls needs the model's [CLS] vectors)")
+
+
+def average_windows(vectors: np.ndarray, owners: np.ndarray, num_documents: int) -> np.ndarray:
+    """``[num_documents, n]`` the mean of each document's window vectors ``vectors [W, n]`` (window ``j`` of document
+    ``owners[j]``, a document's windows consecutive): what ``avgcls`` gives the model's head."""
+    vectors = np.asarray(vectors, dtype=np.float64)
+    owners = np.asarray(owners, dtype=np.int64)
+    counts = np.bincount(owners, minlength=num_documents)
+    if len(owners) != len(vectors) or len(counts) != num_documents or not counts.all():
+        raise ValueError(f"{len(vectors)} window vectors for {len(owners)} windows of {num_documents} documents")
+    if np.any(np.diff(owners) < 0):
+        raise ValueError("the windows of one document must be consecutive and in document order")
+    firsts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    return np.add.reduceat(vectors, firsts, axis=0) / counts[:, None]

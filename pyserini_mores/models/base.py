@@ -99,6 +99,10 @@ class ModelCapabilities:
             models' rankings feel.
         explains_scores: it takes its scores apart: ``explain(query_state, docs, lengths)`` returns the numbers
             behind :meth:`RankingModel.score` as tensors (TK's kernels; ``rerank(..., explain=True)``).
+        scores_cls: its score is a head on one vector, which a long document's windows can average (``--aggregate
+            avgcls``): ``score_from_cls(cls [B, n]) -> [B]`` and, to get the vectors, ``score_cls(query_state,
+            docs, lengths) -> [B, n]`` for a model that stores documents or ``text_cls(query, documents) -> [B, n]``
+            for one that scores text, with ``score_from_cls(score_cls(...)) == score(...)`` exactly.
     """
 
     default_loss: str = "pointwise"
@@ -111,6 +115,7 @@ class ModelCapabilities:
     fp32_parameters: tuple[str, ...] = ()
     bf16_weight_copy: bool = True
     explains_scores: bool = False
+    scores_cls: bool = False
 
     def __post_init__(self):
         # read-only, so that no reader can change a class's groups for every model of it

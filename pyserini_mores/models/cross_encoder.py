@@ -58,6 +58,7 @@ class CrossEncoder(RankingModel):
         layer_stack="encoder.layers.",
         starts_from_rankers=True,
         encoder_is_a_backbone=True,
+        scores_cls=True,
     )
     #: documents per encoder call in :meth:`score_texts` (an attribute, not config: it never changes scores)
     batch_size: int = 64
@@ -120,10 +121,26 @@ class CrossEncoder(RankingModel):
 
         The last layer computes the [CLS] row only (:func:`cls_only_layer`, exact): the head reads nothing else.
         """
+        return score_head(self.head, self.cls_vectors(input_ids, attention_mask, token_type_ids))
+
+    def cls_vectors(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    token_type_ids: torch.Tensor) -> torch.Tensor:
+        """``[B, n]`` the last layer's [CLS] row of already joined pairs ``[B, L]``: what the head reads."""
         encoder = self.encoder
         x = encoder.embeddings(input_ids, token_type_ids)
         x = encoder.run_layers(x, attention_mask_from_ids(attention_mask), 0, len(encoder.layers) - 1)
-        return score_head(self.head, cls_only_layer(encoder.layers[-1], x[:, 0], [(x, attention_mask.bool())]))
+        return cls_only_layer(encoder.layers[-1], x[:, 0], [(x, attention_mask.bool())])
+
+    def score_from_cls(self, cls: torch.Tensor) -> torch.Tensor:
+        """``[B]`` fp32 scores of the head on ``cls [B, n]`` (:meth:`text_cls`'s vectors, or their mean over a
+        document's windows)."""
+        return ranking_scores(score_head(self.head, cls)).float()
+
+    @torch.no_grad()
+    def text_cls(self, query: str, documents: list[str], batch_size: int | None = None) -> torch.Tensor:
+        """``[len(documents), n]`` the [CLS] vectors :meth:`score_texts` scores, in input order, computed in the
+        same batches: ``score_from_cls(text_cls(q, d)) == score_texts(q, d)`` exactly."""
+        return self._pairs(query, documents, batch_size, head_input=True)
 
     @torch.no_grad()
     def score_texts(self, query: str, documents: list[str], batch_size: int | None = None) -> torch.Tensor:
@@ -132,9 +149,15 @@ class CrossEncoder(RankingModel):
         The query is tokenized once; documents are tokenized once, sorted by length (less padding), packed with
         the query in batches of ``batch_size`` (default :attr:`batch_size`) padded to each batch's longest pair.
         """
+        return self._pairs(query, documents, batch_size)
+
+    def _pairs(self, query: str, documents: list[str], batch_size: int | None = None,
+               head_input: bool = False) -> torch.Tensor:
+        """:meth:`score_texts` ``[len(documents)]``, or with ``head_input`` :meth:`text_cls` ``[len(documents), n]``."""
         batch_size = batch_size or self.batch_size
         device = self.head.weight.device
-        scores = torch.empty(len(documents), dtype=torch.float32, device=device)
+        width = (self.config.encoder.hidden_size,) if head_input else ()
+        scores = torch.empty((len(documents), *width), dtype=torch.float32, device=device)
         if not documents:
             return scores
         query_ids = self._tokenize_ids([query], self.config.query_max_length)[0]
@@ -151,8 +174,8 @@ class CrossEncoder(RankingModel):
             input_ids = torch.cat([query_tensor.expand(len(chunk), -1), docs], dim=1)
             attention_mask = torch.cat([torch.ones_like(input_ids[:, :len(query_ids)]), doc_mask], dim=1)
             token_type_ids = torch.cat([torch.zeros_like(input_ids[:, :len(query_ids)]), doc_mask], dim=1)
-            logits = self.logits(input_ids, attention_mask, token_type_ids)
-            scores[torch.tensor(chunk, device=device)] = ranking_scores(logits).float()
+            cls = self.cls_vectors(input_ids, attention_mask, token_type_ids)
+            scores[torch.tensor(chunk, device=device)] = (cls.float() if head_input else self.score_from_cls(cls))
         return scores
 
     def _tokenize_ids(self, texts: list[str], max_length: int) -> list[list[int]]:

@@ -364,6 +364,7 @@ class MoresModel(RankingModel):
         # bf16 scores with autocast alone: a bf16 weight copy would keep the query rows' residual stream in bf16
         # through L-K layers and K blocks, which costs ranking quality (autocast keeps it in fp32) and saves no time.
         bf16_weight_copy=False,
+        scores_cls=True,
     )
     # the interaction blocks read the query against the document states the representation modules wrote apart
     joint_parameters = ("interaction_module.blocks.",)
@@ -549,11 +550,23 @@ class MoresModel(RankingModel):
         broadcast, and each projection is one batched GEMM."""
         return ranking_scores(self.score_logits(query_state, docs, lengths)).float()
 
+    def score_cls(self, query_state: MoresQueryState, docs: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """``[B, n]`` the vector the head reads for each stored document (its [CLS] row, or the query rows' mean
+        with ``pooling='avg'``): ``score_from_cls(score_cls(q, d, l)) == score(q, d, l)`` exactly."""
+        return self.score_logits(query_state, docs, lengths, head_input=True)
+
+    def score_from_cls(self, cls: torch.Tensor) -> torch.Tensor:
+        """``[B]`` fp32 scores of the head on ``cls [B, n]`` (:meth:`score_cls`'s vectors, or their mean over a
+        document's windows)."""
+        return ranking_scores(score_head(self.interaction_module.head, cls)).float()
+
     def score_logits(self, query_state: MoresQueryState, docs: torch.Tensor, lengths: torch.Tensor,
-                     attentions: list[torch.Tensor] | None = None, output_query_states: bool = False):
+                     attentions: list[torch.Tensor] | None = None, output_query_states: bool = False,
+                     head_input: bool = False):
         """``[B, num_labels]`` head logits behind :meth:`score`; with ``attentions`` (a list), each interaction
         block's cross-attention ``[B, h, q, d]`` is appended to it. ``output_query_states``: ``(logits,
-        query_states)`` as :meth:`forward_logits` returns them."""
+        query_states)`` as :meth:`forward_logits` returns them. ``head_input``: the head's input ``[B, n]`` instead of
+        its logits."""
         head_major = docs.dim() == 4
         width = docs.shape[1] * docs.shape[3] if head_major else docs.shape[-1]
         if width != self.store_width or (head_major and docs.shape[1] != self.stored_heads):
@@ -586,7 +599,7 @@ class MoresModel(RankingModel):
 
         states = [] if output_query_states else None
         logits = self._interact(query_state.hidden, query_state.mask, keys_values, doc_mask,
-                                query_state.first_block_queries, attentions, states)
+                                query_state.first_block_queries, attentions, states, head_input)
         return (logits, tuple(states)) if output_query_states else logits
 
     # ---- training and text paths ----------------------------------------------------------------------------
@@ -692,11 +705,17 @@ class MoresModel(RankingModel):
     def _interact(self, query: torch.Tensor, query_mask: torch.Tensor, keys_values, doc_mask: torch.Tensor,
                   first_block_queries: torch.Tensor | None = None,
                   attentions: list[torch.Tensor] | None = None,
-                  query_states: list[torch.Tensor] | None = None) -> torch.Tensor:
+                  query_states: list[torch.Tensor] | None = None, head_input: bool = False) -> torch.Tensor:
         """Run the K blocks on ``query [1|B, q, n]`` against block-wise ``keys_values(i) → ([B, d, n], [B, d, n])``
-        (or split into heads) and pool into ``[B, num_labels]`` logits; with ``attentions`` (a list), each block's
-        cross-attention ``[B, h, q, d]`` is appended to it; with ``query_states`` (a list), each block's output
-        ``[B, q, n]`` (every query row, so the last block runs in full)."""
+        (or split into heads) and pool into ``[B, num_labels]`` logits (``head_input``: the head's input ``[B, n]``);
+        with ``attentions`` (a list), each block's cross-attention ``[B, h, q, d]`` is appended to it; with
+        ``query_states`` (a list), each block's output ``[B, q, n]`` (every query row, so the last block runs in
+        full)."""
+        head = self.interaction_module.head
+
+        def finish(vectors: torch.Tensor) -> torch.Tensor:
+            return vectors if head_input else score_head(head, vectors)
+
         x = query
         blocks = self.interaction_module.blocks
         cls_pooling = self.config.pooling == "cls"
@@ -712,7 +731,7 @@ class MoresModel(RankingModel):
                 keys, values = block.self_attention.as_heads(keys), block.self_attention.as_heads(values)
                 pooled = cls_only_attention_stored(block.self_attention, block.ffn, x[:, 0], x,
                                                    query_mask[:, 0, 0, :], keys, values, doc_mask[:, 0, 0, :])
-                return score_head(self.interaction_module.head, pooled)
+                return finish(pooled)
             if cls_only_last and index == len(blocks) - 1:
                 # Only the [CLS] row leaves the last block: after its cross-attention (every row, as keys and
                 # values of the self-attention) the self-attention and FFN run for that one row — exact, and it
@@ -720,13 +739,13 @@ class MoresModel(RankingModel):
                 x = _cross_attend(block.cross_attention, x, keys, values, doc_mask, cross_queries)
                 pooled = cls_only_attention(block.self_attention, block.ffn, x[:, 0],
                                             [TokenBlock(x, query_mask[:, 0, 0, :])])
-                return score_head(self.interaction_module.head, pooled)
+                return finish(pooled)
             x = block(x, keys, values, doc_mask, query_mask, cross_queries)
             if query_states is not None:
                 query_states.append(x)
         if cls_pooling:  # the last block ran every row: its query states were asked for
-            return score_head(self.interaction_module.head, x[:, 0])
-        return score_head(self.interaction_module.head, masked_mean(x, query_mask[:, 0, 0, :]))
+            return finish(x[:, 0])
+        return finish(masked_mean(x, query_mask[:, 0, 0, :]))
 
 
 def _init_bert_weights(module: nn.Module) -> None:

@@ -234,6 +234,7 @@ class PreTTRModel(RankingModel):
         # first N (and, started from a cross-encoder, its delta stores only the layers above them)
         layer_stack="encoder.layers.",
         starts_from_rankers=True,
+        scores_cls=True,
     )
 
     def __init__(self, config: PreTTRConfig, tokenizer):
@@ -422,8 +423,9 @@ class PreTTRModel(RankingModel):
     # ---- layers l+1..L on the joined sequence ---------------------------------------------------------------------
     def _joint_score(self, query_states: torch.Tensor, query_mask: torch.Tensor, doc_states: torch.Tensor,
                      doc_mask: torch.Tensor, attentions: list[torch.Tensor] | None = None,
-                     block_states: list[torch.Tensor] | None = None) -> torch.Tensor:
-        """``[B]`` scores from layer-l (decompressed) states: query ``[1|B, Qb, n]``, documents ``[B, Ld, n]``.
+                     block_states: list[torch.Tensor] | None = None, head_input: bool = False) -> torch.Tensor:
+        """``[B]`` scores (``head_input``: the head's input ``[B, n]``) from layer-l (decompressed) states: query
+        ``[1|B, Qb, n]``, documents ``[B, Ld, n]``.
         With ``attentions`` (a list), the self-attention ``[B, h, T, T]`` of every joint layer ``l+1..L`` is
         appended to it, all rows (scoring computes the last layer's [CLS] row only); with ``block_states`` (a
         list), the query block's states ``[B, Qb, n]`` after every joint layer (the last one then runs every
@@ -437,17 +439,17 @@ class PreTTRModel(RankingModel):
             for index in range(self.join_layer, self.num_layers):
                 x = self.encoder.run_layers(x, mask, index, index + 1, attentions)
                 block_states.append(x[:, :query_states.shape[1]])
-            return self._head(self._pool(x, query_mask))
+            return self._finish(self._pool(x, query_mask), head_input)
         if self.join_layer == self.num_layers - 1:
             if attentions is not None:
                 self._all_rows_attention(attentions, torch.cat([query_states.expand(batch, -1, -1), doc_states], 1),
                                          torch.cat([query_mask.expand(batch, -1), doc_mask], 1))
             if self.config.pooling == "avg":
                 return self._query_rows_averaged(query_states, query_mask,
-                                                 *self._last_layer_keys_values(doc_states), doc_mask)
+                                                 *self._last_layer_keys_values(doc_states), doc_mask, head_input)
             # The last layer is the first joint one: the query block stays batch-1 (never copied per candidate).
             blocks = [TokenBlock(query_states, query_mask), TokenBlock(doc_states, doc_mask)]
-            return self._head(cls_only_layer(self.encoder.layers[-1], query_states[:, 0], blocks))
+            return self._finish(cls_only_layer(self.encoder.layers[-1], query_states[:, 0], blocks), head_input)
         x = torch.cat([query_states.expand(batch, -1, -1), doc_states], 1)
         mask = torch.cat([query_mask.expand(batch, -1), doc_mask], 1)
         x = self.encoder.run_layers(x, mask[:, None, None, :], self.join_layer, self.num_layers - 1, attentions)
@@ -457,14 +459,15 @@ class PreTTRModel(RankingModel):
             query_length = query_states.shape[1]
             return self._query_rows_averaged(x[:, :query_length], mask[:, :query_length],
                                              *self._last_layer_keys_values(x[:, query_length:]),
-                                             mask[:, query_length:])
-        return self._head(cls_only_layer(self.encoder.layers[-1], x[:, 0], [TokenBlock(x, mask)]))
+                                             mask[:, query_length:], head_input)
+        return self._finish(cls_only_layer(self.encoder.layers[-1], x[:, 0], [TokenBlock(x, mask)]), head_input)
 
     def _last_layer_keys_values(self, doc_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.encoder.layers[-1].attention.project_keys_values(doc_states)
 
     def _query_rows_averaged(self, query_rows: torch.Tensor, query_mask: torch.Tensor, doc_keys: torch.Tensor,
-                             doc_values: torch.Tensor, doc_mask: torch.Tensor) -> torch.Tensor:
+                             doc_values: torch.Tensor, doc_mask: torch.Tensor, head_input: bool = False
+                             ) -> torch.Tensor:
         """``[B]`` scores of ``avg`` pooling: the last layer run for the query block's rows ``[1|B, Qb, n]`` alone
         (the rows the mean reads), over their own keys and values and the documents' projected ``doc_keys``/
         ``doc_values`` ``[B, Ld, n]`` or head-major ``[B, h, Ld, n/h]`` (key mask ``[B, Ld]``)."""
@@ -477,7 +480,7 @@ class PreTTRModel(RankingModel):
         values = torch.cat([query_values, attention.as_heads(doc_values).to(query_values.dtype)], 2)
         mask = torch.cat([query_mask.expand(batch, -1), doc_mask], 1)[:, None, None, :]
         rows = last.ffn(attention.attend(query_rows, keys, values, mask))
-        return self._head(self._pool(rows, query_mask))
+        return self._finish(self._pool(rows, query_mask), head_input)
 
     def _pool(self, x: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:
         """The head's input ``[B, n]`` from the last layer's rows ``x [B, T, n]``, the query block first: its [CLS]
@@ -498,6 +501,10 @@ class PreTTRModel(RankingModel):
 
     def _head(self, cls: torch.Tensor) -> torch.Tensor:
         return ranking_scores(score_head(self.head, self.dropout(cls)))
+
+    def _finish(self, cls: torch.Tensor, head_input: bool) -> torch.Tensor:
+        """The scores of the head's input ``cls [B, n]``, or ``cls`` itself when ``head_input``."""
+        return cls if head_input else self._head(cls)
 
     # ---- the contract -----------------------------------------------------------------------------------------------
     def encode_documents(self, doc_batch: dict) -> list[torch.Tensor]:
@@ -542,8 +549,22 @@ class PreTTRModel(RankingModel):
 
     def score(self, query_state: PreTTRQueryState, docs: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """``[B]`` scores of one query against stored documents ``docs [B, Lmax, store_width]`` (zero-padded)."""
+        return self._score(query_state, docs, lengths)
+
+    def score_cls(self, query_state: PreTTRQueryState, docs: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """``[B, n]`` the vector the head reads for each stored document (the last layer's [CLS] row, or the query
+        block's mean with ``pooling='avg'``): ``score_from_cls(score_cls(q, d, l)) == score(q, d, l)`` exactly."""
+        return self._score(query_state, docs, lengths, head_input=True)
+
+    def score_from_cls(self, cls: torch.Tensor) -> torch.Tensor:
+        """``[B]`` scores of the head on ``cls [B, n]`` (:meth:`score_cls`'s vectors, or their mean over a
+        document's windows: PreTTR's ranker over long documents, after CEDR)."""
+        return self._head(cls)
+
+    def _score(self, query_state: PreTTRQueryState, docs: torch.Tensor, lengths: torch.Tensor,
+               head_input: bool = False) -> torch.Tensor:
         if self.stores_keys_values:
-            return self._score_stored_keys_values(query_state, docs, lengths)
+            return self._score_stored_keys_values(query_state, docs, lengths, head_input)
         doc_mask = key_padding_mask(lengths.to(docs.device), docs.shape[1])[:, 0, 0]
         compressor = self.compressor
         if (compressor is not None and self.join_layer == self.num_layers - 1 and self.config.pooling == "cls"
@@ -554,12 +575,13 @@ class PreTTRModel(RankingModel):
             codes = docs.to(device=weight.device, dtype=compute_dtype(weight))
             blocks = [TokenBlock(query_state.states, query_state.mask),
                       CompressedTokenBlock(codes, doc_mask.to(weight.device), compressor)]
-            return self._head(cls_only_layer(self.encoder.layers[-1], query_state.states[:, 0], blocks))
+            return self._finish(cls_only_layer(self.encoder.layers[-1], query_state.states[:, 0], blocks), head_input)
         doc_states = self.decompress_documents(docs)
-        return self._joint_score(query_state.states, query_state.mask, doc_states, doc_mask.to(doc_states.device))
+        return self._joint_score(query_state.states, query_state.mask, doc_states, doc_mask.to(doc_states.device),
+                                 head_input=head_input)
 
     def _score_stored_keys_values(self, query_state: PreTTRQueryState, docs: torch.Tensor,
-                                  lengths: torch.Tensor) -> torch.Tensor:
+                                  lengths: torch.Tensor, head_input: bool = False) -> torch.Tensor:
         """``score`` for ``reuse='kv'``: ``docs`` are the last layer's keys and values, head-major
         ``[B, 2·h, Lmax, n/h]`` (as ``get_batch(heads=stored_heads)`` reads them) or as stored ``[B, Lmax, 2·n]``."""
         self._check_batches(query_state.states, docs)
@@ -575,10 +597,10 @@ class PreTTRModel(RankingModel):
         last = self.encoder.layers[-1]
         if self.config.pooling == "avg":
             return self._query_rows_averaged(query_state.states, query_state.mask, docs[:, :heads], docs[:, heads:],
-                                             doc_mask)
+                                             doc_mask, head_input)
         pooled = cls_only_attention_stored(last.attention, last.ffn, query_state.states[:, 0], query_state.states,
                                            query_state.mask, docs[:, :heads], docs[:, heads:], doc_mask)
-        return self._head(pooled)
+        return self._finish(pooled, head_input)
 
     def forward(self, query_batch: dict, doc_batch: dict, output_query_states: bool = False):
         """Training: ``[B]`` scores of aligned pairs (a batch-1 query is broadcast), identical to

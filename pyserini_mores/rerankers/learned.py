@@ -17,12 +17,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..errors import UsageError
 from ..models import (
     MODELS_PACKAGE,
     SHIPPED_DEFAULTS,
     RankingModel,
     default_model,
     load_model,
+    model_class,
     pad_documents,
     shipped_models,
 )
@@ -30,6 +32,15 @@ from ..models.checks import check_config, check_model_name
 from ..precision import resolve_device, resolve_precision
 from ..sidecar import BatchBuffer, SidecarRowMismatchError, open_sidecar
 from ..types import Query, Text, copy_candidates
+from ..windows import (
+    DEFAULT_AGGREGATION,
+    WindowOptions,
+    aggregate_scores,
+    average_windows,
+    check_aggregation,
+    document_capacity,
+    split_texts,
+)
 from .base import Reranker, string_candidates
 
 logger = logging.getLogger(__name__)
@@ -72,6 +83,18 @@ class ModelReranker(Reranker):
         remap_by_docid: candidates whose row (``lucene_docid``) holds another document in the sidecar are read at
             the row of their docid (binary search in the sidecar's sorted docids) instead of refused; for hits of
             another index of the same documents.
+        aggregate: how a document's window scores make its score (:data:`~pyserini_mores.windows.AGGREGATIONS`):
+            ``firstp``, ``maxp``, ``sump``, or ``avgcls`` (the head on the mean of the windows' [CLS] vectors, for a
+            model whose capabilities have ``scores_cls``). A document with one window gets that window's score
+            under every aggregation but ``avgcls``.
+        windows: how a document's text is cut into windows when scored from text
+            (:class:`~pyserini_mores.windows.WindowOptions`); ``None``: the sidecar's windows, or without a sidecar
+            one window (the model's truncation). A sidecar's windows are fixed when it is built: windows that
+            differ from them are refused.
+
+    Long documents: every window is scored as a short document is (batches of ``batch_size`` windows, a sidecar's
+    sorted by length), then the windows' scores are aggregated per candidate; under a deadline the pacing counts
+    windows, and a candidate is returned only when all its windows were scored.
 
     A sidecar encoded under bf16 (its manifest's build precision) given to an fp32 reranker is used with a warning,
     once per sidecar: its scores match a from-text fp32 run only to bf16 accuracy.
@@ -84,11 +107,18 @@ class ModelReranker(Reranker):
 
     def __init__(self, model: RankingModel, sidecar=None, *, name: str | None = None, batch_size: int = 250,
                  precision: str = "auto", cast_weights: bool | None = None, remap_by_docid: bool = False,
-                 device: str | torch.device | None = "auto"):
+                 device: str | torch.device | None = "auto", aggregate: str = DEFAULT_AGGREGATION,
+                 windows: WindowOptions | None = None):
         self.device = device if isinstance(device, torch.device) else resolve_device(device)
         precision = resolve_precision(precision, self.device)
         if sidecar is not None and model.store_width is None:
             raise ValueError(f"model '{model.model_type}' scores text; it cannot read a sidecar")
+        check_aggregation(aggregate, model.model_type, model.capabilities.scores_cls)
+        self.aggregate = aggregate
+        self.capacity = document_capacity(model)
+        if windows is not None:
+            windows.resolved(self.capacity)  # a window longer than the model reads is refused now
+        self.windows = windows
         self.model = model.to(self.device).eval()
         self.name = name or model.model_type
         self.batch_size = batch_size
@@ -111,7 +141,14 @@ class ModelReranker(Reranker):
     def sidecar(self, reader) -> None:
         if reader is not None:
             _warn_on_build_precision(reader, self.precision, self.name)
+            _check_sidecar_windows(reader, self.windows, self.capacity)
         self._sidecar = reader
+
+    @property
+    def text_windows(self) -> WindowOptions:
+        """How a document scored from text is cut: :attr:`windows`, else the sidecar's, else one window."""
+        stored = getattr(self.sidecar, "windows", None) if self.sidecar is not None else None
+        return self.windows or stored or WindowOptions()
 
     @property
     def scoring_model(self) -> RankingModel:
@@ -157,6 +194,18 @@ class ModelReranker(Reranker):
         the next batch overwrites it (see :class:`~pyserini_mores.sidecar.BatchBuffer`)."""
         on_cpu = self.device.type == "cpu"
         docs, lengths = self.sidecar.get_batch(rows, dtype=dtype if on_cpu else None, buffer=buffer, heads=heads)
+        return self._sent(docs, lengths, dtype, buffer)
+
+    def _read_spans(self, starts: np.ndarray, lengths: np.ndarray, dtype: torch.dtype,
+                    buffer: BatchBuffer | None = None, heads: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_read_batch` of token spans (windows, from ``SidecarReader.window_spans``) instead of rows."""
+        on_cpu = self.device.type == "cpu"
+        docs, lengths = self.sidecar.get_spans(starts, lengths, dtype=dtype if on_cpu else None, buffer=buffer,
+                                               heads=heads)
+        return self._sent(docs, lengths, dtype, buffer)
+
+    def _sent(self, docs: torch.Tensor, lengths: torch.Tensor, dtype: torch.dtype,
+              buffer: BatchBuffer | None) -> tuple[torch.Tensor, torch.Tensor]:
         docs, lengths = docs.to(self.device, non_blocking=True), lengths.to(self.device, non_blocking=True)
         if buffer is not None:
             buffer.in_flight(self.device)
@@ -238,44 +287,82 @@ class ModelReranker(Reranker):
     def _scores(self, query: str, texts: list[Text], *, deadline: float | None = None,
                 per_candidate_ms: float | None = None, from_text: bool = False,
                 batch_size: int | None = None) -> torch.Tensor:
-        """Scores of ``texts`` (from their text when ``from_text`` or without a sidecar), in batches of
-        ``batch_size`` (default: :attr:`batch_size`); under a ``deadline`` (see :meth:`rerank_until`) of their first
-        ``len(result)``."""
+        """Scores of ``texts`` (from their text when ``from_text`` or without a sidecar), their windows scored in
+        batches of ``batch_size`` (default: :attr:`batch_size`) windows and aggregated (:attr:`aggregate`); under a
+        ``deadline`` (see :meth:`rerank_until`) of their first ``len(result)``, those whose windows were all
+        scored."""
         model = self.scoring_model
         batch_size = batch_size or self.batch_size
-        if model.store_width is None:
-            documents = [_require_text(text, self.name) for text in texts]
-            return _concat([model.score_texts(query, documents[start:stop]).float().cpu()
-                            for start, stop in self._batches(len(documents), deadline, per_candidate_ms, batch_size)])
-        if self.sidecar is None or from_text:
-            query_state = model.encode_query(self._on_device(model.tokenize_queries([query])))
-            return self._score_from_text(query_state, texts, deadline, per_candidate_ms, batch_size)
+        cls = self.aggregate == "avgcls"
+        if model.store_width is None or self.sidecar is None or from_text:
+            pieces, owners = self._window_texts([_require_text(text, self.name) for text in texts])
+            batches = self._batches(len(pieces), deadline, per_candidate_ms, batch_size)
+            if model.store_width is None:
+                score = model.text_cls if cls else model.score_texts
+                window_scores = _concat([score(query, pieces[start:stop]).float().cpu() for start, stop in batches])
+            else:
+                query_state = model.encode_query(self._on_device(model.tokenize_queries([query])))
+                window_scores = self._score_from_text(query_state, pieces, batches, cls)
+            return self._aggregated(window_scores, owners, len(texts))
         rows = self._sidecar_rows(texts)
         if deadline is not None:
             # What overshoots a deadline is cold reads, one page fault at a time: issue them all now, so that they
             # overlap each other, the query's encoding and the first batches (a warm sidecar pays a page look-up
             # per page, ~7 µs per MaxSim row, which is why this is not done without a deadline).
             self.sidecar.prefetch(rows)
+        starts, lengths_of_windows, owners = self.sidecar.window_spans(rows, first_only=self.aggregate == "firstp")
         query_state = model.encode_query(self._on_device(model.tokenize_queries([query])))
-        scores = torch.empty(len(texts))
-        # Group candidates of similar length so batches carry little padding: all of them, or under a deadline
+        width = (model.config.encoder.hidden_size,) if cls else ()
+        window_scores = torch.empty((len(starts), *width))
+        # Group windows of similar length so batches carry little padding: all of them, or under a deadline
         # within each batch, since batches then follow the given order (the best first-stage candidates first).
-        lengths_of_rows = self.sidecar.lengths(rows)
         if deadline is None:
-            order = np.argsort(lengths_of_rows, kind="stable")
+            order = np.argsort(lengths_of_windows, kind="stable")
             chunks = (order[start:start + batch_size] for start in range(0, len(order), batch_size))
         else:
-            chunks = (start + np.argsort(lengths_of_rows[start:stop], kind="stable")
-                      for start, stop in self._batches(len(texts), deadline, per_candidate_ms, batch_size))
+            chunks = (start + np.argsort(lengths_of_windows[start:stop], kind="stable")
+                      for start, stop in self._batches(len(starts), deadline, per_candidate_ms, batch_size))
         buffer = self._batch_buffer()
+        score = model.score_cls if cls else model.score
         scored = 0
         for chunk in chunks:
             # Under bf16 the stored rows go straight to bf16: no fp32 copy of the candidates is ever made.
-            docs, lengths = self._read_batch(rows[chunk], PRECISIONS[self.precision] or torch.float32,
-                                             buffer=buffer, heads=model.stored_heads)
-            scores[torch.from_numpy(chunk)] = model.score(query_state, docs, lengths).float().cpu()
+            docs, lengths = self._read_spans(starts[chunk], lengths_of_windows[chunk],
+                                             PRECISIONS[self.precision] or torch.float32, buffer=buffer,
+                                             heads=model.stored_heads)
+            window_scores[torch.from_numpy(chunk)] = score(query_state, docs, lengths).float().cpu()
             scored += len(chunk)
-        return scores if deadline is None else scores[:scored]
+        return self._aggregated(window_scores[:scored], owners, len(texts))
+
+    def _window_texts(self, documents: list[str]) -> tuple[list[str], np.ndarray]:
+        """The texts of ``documents``' windows (:attr:`text_windows`; only each one's first under ``firstp``) and
+        ``owners``, each window's document."""
+        options = self.text_windows
+        if not options.windowed:
+            return documents, np.arange(len(documents), dtype=np.int64)
+        pieces, owners = split_texts(documents, self.model.tokenizer, self.capacity, options)
+        if self.aggregate == "firstp":
+            first = np.flatnonzero(np.diff(owners, prepend=-1) != 0)
+            return [pieces[i] for i in first], owners[first]
+        return pieces, owners
+
+    def _aggregated(self, window_scores: torch.Tensor, owners: np.ndarray, count: int) -> torch.Tensor:
+        """``[k]`` scores of the first ``k`` of ``count`` candidates whose windows all have their score (or with
+        ``avgcls`` their head's input ``[W, n]``) in ``window_scores``, the first ``len(window_scores)`` of the
+        windows of ``owners``."""
+        ends = np.cumsum(np.bincount(owners, minlength=count))
+        complete = int(np.searchsorted(ends, len(window_scores), side="right"))
+        used = int(ends[complete - 1]) if complete else 0
+        window_scores, owners = window_scores[:used], owners[:used]
+        if self.aggregate == "avgcls":
+            if not complete:
+                return torch.empty(0)
+            mean = average_windows(window_scores.numpy(), owners, complete)
+            return self.scoring_model.score_from_cls(torch.from_numpy(mean).float().to(self.device)).float().cpu()
+        if len(owners) == complete:  # one window each: its score, as it is
+            return window_scores
+        return torch.from_numpy(aggregate_scores(window_scores.numpy(), owners, complete, self.aggregate)
+                                .astype(np.float32))
 
     def _batches(self, count: int, deadline: float | None, per_candidate_ms: float | None,
                  batch_size: int | None = None) -> Iterator[tuple[int, int]]:
@@ -295,15 +382,17 @@ class ModelReranker(Reranker):
             buffer = self._buffers.buffer = BatchBuffer(pin_memory=self.device.type == "cuda")
         return buffer
 
-    def _score_from_text(self, query_state: Any, texts: list[Text], deadline: float | None = None,
-                         per_candidate_ms: float | None = None, batch_size: int | None = None) -> torch.Tensor:
+    def _score_from_text(self, query_state: Any, documents: list[str], batches: Iterator[tuple[int, int]],
+                         cls: bool = False) -> torch.Tensor:
+        """Scores (``cls``: the head's inputs ``[W, n]``) of ``documents`` encoded from their text, batch by
+        batch."""
         model = self.scoring_model
-        documents = [_require_text(text, self.name) for text in texts]
+        score = model.score_cls if cls else model.score
         scores = []
-        for start, stop in self._batches(len(documents), deadline, per_candidate_ms, batch_size):
+        for start, stop in batches:
             doc_reps = model.encode_documents(self._on_device(model.tokenize_documents(documents[start:stop])))
             docs, lengths = self._padded(doc_reps)
-            scores.append(model.score(query_state, docs, lengths).float().cpu())
+            scores.append(score(query_state, docs, lengths).float().cpu())
         return _concat(scores)
 
     def _sidecar_rows(self, texts: list[Text]) -> np.ndarray:
@@ -399,6 +488,23 @@ def _row_mismatch(sidecar, rows: np.ndarray, docids: list, wrong: np.ndarray) ->
         docid=docid, row=row, stored_docid=stored, mismatches=len(wrong))
 
 
+def _check_sidecar_windows(sidecar, windows: WindowOptions | None, capacity: int) -> None:
+    """Refuse ``windows`` asked of a reranker whose sidecar stores other windows: a sidecar's windows are cut when
+    it is built (``windows`` ``None``: the sidecar's are used)."""
+    if windows is None:
+        return
+    stored = getattr(sidecar, "windows", None) or WindowOptions()
+    if (windows.resolved(capacity), windows.max_windows) != (stored.resolved(capacity), stored.max_windows):
+        raise UsageError(f"windows {_describe(windows)} differ from the {_describe(stored)} sidecar {sidecar.path} "
+                         "stores; its windows are cut when it is built: leave out --window, --stride and "
+                         "--max-windows, or build a sidecar with these windows")
+
+
+def _describe(windows: WindowOptions) -> str:
+    return (f"--window {windows.window or 'capacity'} --stride {windows.stride or 'window'} --max-windows "
+            f"{windows.max_windows}")
+
+
 # (sidecar path, reranker precision) pairs already warned about in this process.
 _warned_build_precisions: set[tuple[str, str]] = set()
 
@@ -484,16 +590,20 @@ def learned_reranker_factory(model_type: str):
     """A registry factory for ``model_type``: ``model`` (checkpoint dir, shipped model name, backbone name or instance;
     default: the type's shipped trained checkpoint, see :func:`~pyserini_mores.models.default_model`), ``sidecar``
     (path, open reader or None), ``expect_index`` (the identity the sidecar must match), ``batch_size``,
-    ``precision``, ``cast_weights``, ``remap_by_docid``, ``device`` (see :class:`ModelReranker`; checked before the
-    model loads); any other keyword overrides the model config (e.g. ``reuse='s1'``). A sidecar is checked to be the
-    model's whether given as a path or open."""
+    ``precision``, ``cast_weights``, ``remap_by_docid``, ``device``, ``aggregate``, ``windows`` (see
+    :class:`ModelReranker`; checked before the model loads); any other keyword overrides the model config (e.g.
+    ``reuse='s1'``). A sidecar is checked to be the model's whether given as a path or open."""
 
     def factory(model: str | os.PathLike | RankingModel | None = None, sidecar=None, *, expect_index: dict | None = None,
                 batch_size: int = 250, precision: str = "auto", cast_weights: bool | None = None,
                 remap_by_docid: bool = False, device: str | torch.device | None = "auto",
+                aggregate: str = DEFAULT_AGGREGATION, windows: WindowOptions | None = None,
                 **model_overrides) -> ModelReranker:
         check_model_name(model)
         check_config(model_type, model_overrides)
+        check_aggregation(aggregate, model_type, model_class(model_type).capabilities.scores_cls)
+        if windows is not None and not isinstance(windows, WindowOptions):
+            raise TypeError(f"windows must be a WindowOptions, not {type(windows).__name__}")
         if not isinstance(device, torch.device):  # a resolved one (RerankerOptions.resolved) is used as it is
             device = resolve_device(device)  # a GPU that is not there fails now, not after the model has loaded
         if isinstance(model, RankingModel):
@@ -509,7 +619,8 @@ def learned_reranker_factory(model_type: str):
         elif sidecar is not None:
             sidecar.check_built_for(model_fingerprint=instance.store_fingerprint(), index=expect_index)
         return ModelReranker(instance, reader, name=model_type, batch_size=batch_size, precision=precision,
-                             cast_weights=cast_weights, remap_by_docid=remap_by_docid, device=device)
+                             cast_weights=cast_weights, remap_by_docid=remap_by_docid, device=device,
+                             aggregate=aggregate, windows=windows)
 
     factory.model_type = model_type
     return factory
