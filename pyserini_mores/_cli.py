@@ -62,6 +62,42 @@ def define_model_args(parser: argparse.ArgumentParser, *, default_reranker: str 
                                 "else cpu")
 
 
+def define_window_args(parser: argparse.ArgumentParser) -> None:
+    """How a learned reranker reads documents longer than its model does: ``--aggregate``, ``--window``,
+    ``--stride``, ``--max-windows`` (read back by :func:`window_options`)."""
+    from .windows import AGGREGATIONS, DEFAULT_AGGREGATION
+
+    group = parser.add_argument_group("long documents")
+    group.add_argument("--aggregate", choices=AGGREGATIONS, default=None,
+                       help="how a document's window scores make its score: firstp (the first window's), maxp (the "
+                            "best), sump (their sum), avgcls (the model's head on the mean of the windows' [CLS] "
+                            f"vectors: prettr, mores, cross-encoder) (default: {DEFAULT_AGGREGATION})")
+    group.add_argument("--window", type=positive_int, default=None, metavar="N",
+                       help="tokens per window, scoring from text (default: what the model reads of a document)")
+    group.add_argument("--stride", type=positive_int, default=None, metavar="N",
+                       help="tokens from one window's start to the next's (default: --window, no overlap)")
+    group.add_argument("--max-windows", type=positive_int, default=None, metavar="N",
+                       help="the most windows of one document, scoring from text (default: 1, the model's "
+                            "truncation; a sidecar's windows are the ones it was built with)")
+
+
+def window_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The reranker keywords of :func:`define_window_args`' flags: ``aggregate`` and ``windows`` (a
+    :class:`~pyserini_mores.windows.WindowOptions`, checked), each only when given."""
+    from .errors import UsageError
+    from .windows import WindowOptions
+
+    options: dict[str, Any] = {}
+    if args.aggregate is not None:
+        options["aggregate"] = args.aggregate
+    if args.window is not None or args.stride is not None or args.max_windows is not None:
+        if args.max_windows is None:
+            raise UsageError("--window and --stride cut a document into windows: give --max-windows N too (the "
+                             "most windows of one document)")
+        options["windows"] = WindowOptions(args.window, args.stride, args.max_windows)
+    return options
+
+
 def device_name(value: str) -> str:
     """argparse ``type`` of every ``--device``: the name checked, a bad one a usage error."""
     try:

@@ -115,6 +115,60 @@ def test_rerank_depth_is_checked_by_the_searcher_too(tiny_index):
         RerankingSearcher(tiny_index, "bm25", rerank_depth=-1)
 
 
+# ---- long documents: the aggregation and the windows ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--reranker", "tk", "--aggregate", "avgcls"],
+     "error: --aggregate avgcls averages the [CLS] vectors a model's head reads, and tk scores without one: use "
+     "firstp, maxp, sump"),
+    (["--reranker", "maxsim", "--aggregate", "avgcls"],
+     "error: --aggregate avgcls averages the [CLS] vectors a model's head reads, and maxsim scores without one: use "
+     "firstp, maxp, sump"),
+    (["--reranker", "mores", "--window", "64"],
+     "error: --window and --stride cut a document into windows: give --max-windows N too (the most windows of one "
+     "document)"),
+    (["--reranker", "mores", "--window", "8", "--stride", "9", "--max-windows", "2"],
+     "error: --stride 9 is longer than --window 8: text between windows would be read by none"),
+    (["--max-windows", "0"],
+     "error: argument --max-windows: must be an integer >= 1, not '0' (see python -m pyserini_mores.search --help)"),
+])
+def test_long_document_flags_are_refused_in_one_line_before_anything_loads(argv, message, capsys):
+    assert _refused(search_main, argv, capsys) == message
+    # argparse quotes the choices or not by Python version
+    assert _refused(search_main, ["--aggregate", "meanp"], capsys).startswith(
+        "error: argument --aggregate: invalid choice: 'meanp' (choose from ")
+
+
+def test_windows_other_than_the_sidecars_are_refused_naming_both(tiny_index, tiny_maxsim_dir, maxsim_sidecar,
+                                                                 capsys):
+    argv = ["--index", str(tiny_index), "--topics", str(TOPICS), "--reranker", "maxsim", "--model",
+            str(tiny_maxsim_dir), "--max-windows", "3"]
+    assert _refused(search_main, argv, capsys) == (
+        "error: windows --window capacity --stride window --max-windows 3 differ from the --window capacity --stride "
+        f"window --max-windows 1 sidecar {maxsim_sidecar} stores; its windows are cut when it is built: leave out "
+        "--window, --stride and --max-windows, or build a sidecar with these windows")
+
+
+def test_the_aggregation_and_windows_reach_the_reranker_from_python(tiny_index, tiny_maxsim_dir):
+    from pyserini_mores.windows import WindowOptions
+
+    windows = WindowOptions(window=16, stride=8, max_windows=3)
+    searcher = RerankingSearcher(tiny_index, "maxsim", model=tiny_maxsim_dir, sidecar=None, aggregate="sump",
+                                 windows=windows)
+    assert (searcher.reranker.aggregate, searcher.reranker.windows) == ("sump", windows)
+    assert searcher.reranker.describe_windows() == "sump of at most 3 windows of 16 tokens every 8"
+    assert searcher.reranker.windows_per_candidate is None
+    assert searcher.search("a configurable text editor", k=5)
+    assert 1 < searcher.reranker.windows_per_candidate <= 3  # the tiny documents are 10 to 40 tokens long
+    searcher.close()
+    reranker = get_reranker("maxsim", model=tiny_maxsim_dir, aggregate="firstp")
+    assert (reranker.aggregate, reranker.windows) == ("firstp", None)
+    assert reranker.describe_windows() == "firstp of 1 window of 62 tokens"
+    with pytest.raises(TypeError, match="windows must be a WindowOptions, not int"):
+        RerankerOptions("maxsim", windows=3)
+
+
 # ---- exit status 2 for a usage error, in every command ------------------------------------------------------------
 
 

@@ -119,6 +119,8 @@ class ModelReranker(Reranker):
         if windows is not None:
             windows.resolved(self.capacity)  # a window longer than the model reads is refused now
         self.windows = windows
+        self._counts_lock = threading.Lock()
+        self._candidates_scored = self._windows_scored = 0
         self.model = model.to(self.device).eval()
         self.name = name or model.model_type
         self.batch_size = batch_size
@@ -143,6 +145,20 @@ class ModelReranker(Reranker):
             _warn_on_build_precision(reader, self.precision, self.name)
             _check_sidecar_windows(reader, self.windows, self.capacity)
         self._sidecar = reader
+
+    def describe_windows(self) -> str:
+        """The aggregation and the windows in words, e.g. ``maxp of at most 4 windows of 126 tokens every 63``."""
+        options = self.text_windows
+        window, stride = options.resolved(self.capacity)
+        if not options.windowed:
+            return f"{self.aggregate} of 1 window of {window} tokens"
+        return f"{self.aggregate} of at most {options.max_windows} windows of {window} tokens every {stride}"
+
+    @property
+    def windows_per_candidate(self) -> float | None:
+        """Windows scored per candidate scored so far by this reranker (``None`` before the first)."""
+        with self._counts_lock:
+            return self._windows_scored / self._candidates_scored if self._candidates_scored else None
 
     @property
     def text_windows(self) -> WindowOptions:
@@ -354,6 +370,9 @@ class ModelReranker(Reranker):
         complete = int(np.searchsorted(ends, len(window_scores), side="right"))
         used = int(ends[complete - 1]) if complete else 0
         window_scores, owners = window_scores[:used], owners[:used]
+        with self._counts_lock:
+            self._candidates_scored += complete
+            self._windows_scored += used
         if self.aggregate == "avgcls":
             if not complete:
                 return torch.empty(0)

@@ -14,8 +14,9 @@ from ..models.checks import (
     check_model_name,
     config_keys,
 )
-from ..models.registry import model_types
+from ..models.registry import model_class, model_types
 from ..precision import PRECISION_CHOICES, check_device_name, resolve_device
+from ..windows import DEFAULT_AGGREGATION, WindowOptions, check_aggregation
 from .registry import check_reranker_name
 
 #: what a learned reranker's factory takes besides the options and the config: what it reads, not how it computes
@@ -35,6 +36,10 @@ class RerankerOptions:
         precision: ``auto``, ``fp32`` or ``bf16``.
         device: ``auto``, ``cpu``, ``cuda``, ``cuda:N``, or a ``torch.device`` already resolved.
         cast_weights, remap_by_docid: see :class:`~.learned.ModelReranker`.
+        aggregate: how a long document's window scores make its score (``firstp``, ``maxp``, ``sump``, ``avgcls``;
+            :data:`~pyserini_mores.windows.DEFAULT_AGGREGATION` unless given).
+        windows: how a document scored from text is cut (:class:`~pyserini_mores.windows.WindowOptions`); ``None``:
+            a sidecar's windows, or one window.
         config: model config overrides (``--model-arg KEY=VALUE``), each a field of the model's config.
         extra: further keywords for a plugin's factory, passed as they are.
     """
@@ -46,6 +51,8 @@ class RerankerOptions:
     device: Any = "auto"
     cast_weights: bool | None = None
     remap_by_docid: bool = False
+    aggregate: str = DEFAULT_AGGREGATION
+    windows: WindowOptions | None = None
     config: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -59,9 +66,14 @@ class RerankerOptions:
             raise ValueError(f"precision must be one of {', '.join(PRECISION_CHOICES)}, not '{self.precision}'")
         if isinstance(self.device, str):
             check_device_name(self.device)
+        if self.windows is not None and not isinstance(self.windows, WindowOptions):
+            raise TypeError(f"windows must be a WindowOptions, not {type(self.windows).__name__}")
         if self.name in model_types():
             check_model_name(self.model)
             check_config(self.name, self.config)
+            check_aggregation(self.aggregate, self.name, model_class(self.name).capabilities.scores_cls)
+        else:
+            check_aggregation(self.aggregate)
 
     @classmethod
     def from_kwargs(cls, name: str, **kwargs) -> RerankerOptions:
@@ -94,7 +106,7 @@ class RerankerOptions:
             return {**given, **self.extra}
         return {"model": self.model, "batch_size": self.batch_size, "precision": self.precision,
                 "device": self.device, "cast_weights": self.cast_weights, "remap_by_docid": self.remap_by_docid,
-                **self.extra, **self.config}
+                "aggregate": self.aggregate, "windows": self.windows, **self.extra, **self.config}
 
 
 __all__ = ["NOT_OVERRIDABLE", "RerankerOptions", "UnknownConfigKeyError", "UnknownModelError", "check_config",

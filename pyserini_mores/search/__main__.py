@@ -20,12 +20,14 @@ from .._cli import (
     command_parser,
     define_first_stage_args,
     define_model_args,
+    define_window_args,
     non_negative_float,
     non_negative_int,
     parse_model_args,
     positive_int,
     run_command,
     unit_float,
+    window_options,
 )
 from .._jvm import import_pyserini
 from .._model_args import format_model_arg
@@ -89,6 +91,7 @@ def define_search_args(parser: argparse.ArgumentParser) -> None:
                         help="with --run: drop candidates whose docids the index does not hold (default: an error)")
     parser.add_argument("--batch-size", type=positive_int, default=16, help="queries per BM25 batch")
     define_model_args(parser, default_reranker=None, device=True)
+    define_window_args(parser)
     parser.add_argument("--sidecar", default=None, help="sidecar directory (default: beside the index)")
     parser.add_argument("--encode-from-text", action="store_true",
                         help="where the reranker's sidecar is missing, encode the documents from their text (slow) "
@@ -133,6 +136,9 @@ def run_search(args: argparse.Namespace) -> int:
     print(f"Index: {searcher.index.path} ({searcher.num_docs} documents), first stage: "
           f"{describe_first_stage(searcher, args.run)}; reranker: {describe_reranker(searcher.reranker)}"
           + (f", sidecar {searcher.sidecar_path}" if searcher.sidecar_path else ""))
+    windows = describe_windows(searcher.reranker)
+    if windows is not None:
+        print(f"Long documents: {windows}")
     if searcher.stage_options.budgeted:  # calibrated now, after the sidecar is attached, so no query's time has it
         calibration = searcher.calibrate(recalibrate=args.recalibrate)
         print(f"Time budget {args.time_budget_ms:g} ms/query; calibrated cost {calibration.describe()}")
@@ -180,6 +186,9 @@ def reranker_options(args: argparse.Namespace):
     if name == "bm25":
         if args.model or overrides:
             logger.warning("--model and --model-arg are ignored: the bm25 reranker has no model")
+        if window_options(args):
+            logger.warning("--aggregate, --window, --stride and --max-windows are ignored: the bm25 reranker scores "
+                           "whole documents")
         return RerankerOptions("bm25")
     model = args.model
     if embedded and args.reranker is None:
@@ -187,7 +196,8 @@ def reranker_options(args: argparse.Namespace):
     if name in model_types():
         check_config(name, overrides, given_as="--model-arg")
     options = RerankerOptions.from_kwargs(name, model=model, batch_size=args.rerank_batch_size,
-                                          precision=args.precision, device=args.device, **overrides)
+                                          precision=args.precision, device=args.device, **window_options(args),
+                                          **overrides)
     return options.resolved()  # a GPU that is not there fails now
 
 
@@ -222,6 +232,7 @@ def search_identity(args: argparse.Namespace, searcher, inputs: SearchInputs) ->
                 "topics": hashlib.sha256(json.dumps(list(inputs.topics.items())).encode()).hexdigest(),
                 "index": index_identity(searcher.searcher, content=False),
                 "reranker": describe_reranker(searcher.reranker),
+                "long documents": describe_windows(searcher.reranker),
                 # with qrels the partial search keeps the first stage's hits too, to evaluate them on every query
                 "evaluated (qrels)": inputs.qrels is not None}
     fingerprint = getattr(getattr(searcher.reranker, "model", None), "fingerprint", None)
@@ -318,6 +329,9 @@ def report_search(args: argparse.Namespace, searcher, inputs: SearchInputs, sear
         rerank_ms = [stats.rerank_ms for stats in searched.stats.values()]
         print(f"Rerank time per query ({args.rerank_depth} candidates at most): median "
               f"{statistics.median(rerank_ms):.1f} ms over {len(rerank_ms)} queries")
+        windows = getattr(searcher.reranker, "windows_per_candidate", None)
+        if windows is not None:
+            print(f"Windows scored per candidate: {windows:.2f} ({searcher.reranker.aggregate})")
     if args.time_budget_ms is not None and searched.stats:
         for line in budget_report(list(searched.stats.values()), args.time_budget_ms):
             print(line)
@@ -354,6 +368,12 @@ def describe_reranker(reranker) -> str:
     computes = [f"{what} {getattr(reranker, what)}" for what in ("precision", "device")
                 if getattr(reranker, what, None) is not None]
     return reranker.name + (f" ({', '.join(computes)})" if computes else "")
+
+
+def describe_windows(reranker) -> str | None:
+    """How the reranker reads a long document (its aggregation and windows), or ``None`` for one without windows."""
+    describe = getattr(reranker, "describe_windows", None)
+    return describe() if callable(describe) else None
 
 
 def describe_first_stage(searcher, run: str | None) -> str:
