@@ -83,10 +83,12 @@ class WindowOptions:
 
 
 def document_capacity(model) -> int:
-    """Tokens of a document's own text that ``model`` reads: its ``doc_max_length`` less the special tokens its
-    document tokenization adds (``[CLS] d [SEP]``: 2 for a BERT tokenizer; none for TK's)."""
+    """Tokens of a document's own text that ``model`` reads: what its document tokenization keeps of a text longer
+    than ``doc_max_length``, less the special tokens it adds to an empty one (``[CLS] d [SEP]``: 2 of a BERT
+    tokenizer's 128; PreTTR's ``d [SEP]`` drops the [CLS] it was cut with, so also 2; none of TK's)."""
     specials = int(model.tokenize_documents([""])["attention_mask"].sum())
-    return model.config.doc_max_length - specials
+    kept = int(model.tokenize_documents([" ".join(["x"] * (model.config.doc_max_length + 1))])["attention_mask"].sum())
+    return kept - specials
 
 
 def token_spans(tokenizer, text: str) -> np.ndarray:

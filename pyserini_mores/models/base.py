@@ -134,6 +134,9 @@ class RankingModel(nn.Module):
 
     #: what training, loading and reranking ask of the model class (declared once per class)
     capabilities: ClassVar[ModelCapabilities] = ModelCapabilities()
+    #: held by every call of a model's tokenizer (see :meth:`call_tokenizer`); code that calls ``self.tokenizer``
+    #: itself (e.g. for character offsets) holds it too
+    tokenizer_lock: ClassVar[Any] = _TOKENIZER_LOCK
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

@@ -356,7 +356,8 @@ class ModelReranker(Reranker):
         options = self.text_windows
         if not options.windowed:
             return documents, np.arange(len(documents), dtype=np.int64)
-        pieces, owners = split_texts(documents, self.model.tokenizer, self.capacity, options)
+        with self.model.tokenizer_lock:  # a shared fast tokenizer's truncation is set per call (see call_tokenizer)
+            pieces, owners = split_texts(documents, self.model.tokenizer, self.capacity, options)
         if self.aggregate == "firstp":
             first = np.flatnonzero(np.diff(owners, prepend=-1) != 0)
             return [pieces[i] for i in first], owners[first]
