@@ -42,7 +42,8 @@ class MoresReranker(pt.Transformer):
 
     Args:
         reranker: a :class:`~pyserini_mores.rerankers.Reranker`, a registered name (``maxsim``, ``tk``, ``mores``,
-            ...; ``reranker_kwargs`` go to its factory), or a :class:`~pyserini_mores.search.RerankingSearcher`
+            ...; ``reranker_kwargs`` go to its factory, e.g. ``aggregate='maxp'`` and ``windows=WindowOptions(...)``
+            for long documents), or a :class:`~pyserini_mores.search.RerankingSearcher`
             whose reranker (with its sidecar) and index are used.
         index: with a name: the Lucene index whose sidecar (``sidecar``: ``"auto"``, the default place beside it; a
             path; or ``None``) the reranker reads, checked to be built for that index and model, and whose stored

@@ -242,9 +242,11 @@ class ModelReranker(Reranker):
 
         Candidates are scored batch by batch in their given order; no batch is started that is predicted to end
         after the deadline: the prediction is the time per candidate of the batches scored so far, or before the
-        first, ``per_candidate_ms`` (e.g. the calibration's; ``None``: start it if time is left). Returns the texts
-        scored in time — the first ``len(result)`` of ``texts`` — with new scores, best first (ties keep their
-        order), as new ``Text`` objects: ``texts`` are not modified. :meth:`rerank` scores them all.
+        first, ``per_candidate_ms`` (e.g. the calibration's; ``None``: start it if time is left). With windows
+        (long documents) the batches, the time per candidate and ``per_candidate_ms`` are per window, and a
+        candidate counts as scored once all its windows are. Returns the texts scored in time — the first
+        ``len(result)`` of ``texts`` — with new scores, best first (ties keep their order), as new ``Text``
+        objects: ``texts`` are not modified. :meth:`rerank` scores them all.
         """
         query = query if isinstance(query, Query) else Query(query)
         texts = copy_candidates(texts)

@@ -85,3 +85,22 @@ def test_reranker_transformer_reads_the_sidecar_by_docno_or_scores_text(tiny_ind
         MoresReranker(searcher).transform(pd.concat([candidates[:2], candidates[:1]]))
     empty = MoresReranker(searcher).transform(candidates[:0])
     assert len(empty) == 0 and {"score", "rank"} <= set(empty.columns)
+
+
+def test_a_transformer_reads_long_documents_as_its_options_say(tiny_maxsim_dir, tiny_documents):
+    """The aggregation and the windows reach the reranker, and a windowed transformer scores what the reranker
+    scores for the same texts."""
+    from pyserini_mores import get_reranker
+    from pyserini_mores.windows import WindowOptions
+
+    windows = WindowOptions(window=8, stride=4, max_windows=4)
+    transformer = MoresReranker("maxsim", model=tiny_maxsim_dir, aggregate="sump", windows=windows)
+    assert (transformer.reranker.aggregate, transformer.reranker.windows) == ("sump", windows)
+    frame = pd.DataFrame({"qid": "q1", "query": "text editor", "docno": [doc["id"] for doc in tiny_documents[:4]],
+                          "text": [doc["contents"] for doc in tiny_documents[:4]]})
+    scored = transformer.transform(frame).set_index("docno")["score"]
+    expected = get_reranker("maxsim", model=tiny_maxsim_dir, aggregate="sump", windows=windows).score_documents(
+        "text editor", list(frame["text"]))
+    assert [scored[docno] for docno in frame["docno"]] == pytest.approx(expected.tolist(), rel=1e-6)
+    plain = get_reranker("maxsim", model=tiny_maxsim_dir).score_documents("text editor", list(frame["text"]))
+    assert expected.tolist() != pytest.approx(plain.tolist(), rel=1e-3)  # the later windows count
