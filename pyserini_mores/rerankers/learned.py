@@ -115,7 +115,8 @@ class ModelReranker(Reranker):
             raise ValueError(f"model '{model.model_type}' scores text; it cannot read a sidecar")
         check_aggregation(aggregate, model.model_type, model.capabilities.scores_cls)
         self.aggregate = aggregate
-        self.capacity = document_capacity(model)
+        self._capacity: int | None = None
+        self.model = model
         if windows is not None:
             windows.resolved(self.capacity)  # a window longer than the model reads is refused now
         self.windows = windows
@@ -145,6 +146,13 @@ class ModelReranker(Reranker):
             _warn_on_build_precision(reader, self.precision, self.name)
             _check_sidecar_windows(reader, self.windows, self.capacity)
         self._sidecar = reader
+
+    @property
+    def capacity(self) -> int:
+        """Tokens of a document's text the model reads (:func:`~pyserini_mores.windows.document_capacity`)."""
+        if self._capacity is None:
+            self._capacity = document_capacity(self.model)
+        return self._capacity
 
     def describe_windows(self) -> str:
         """The aggregation and the windows in words, e.g. ``maxp of at most 4 windows of 126 tokens every 63``."""
