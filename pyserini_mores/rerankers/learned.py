@@ -116,7 +116,7 @@ class ModelReranker(Reranker):
         check_aggregation(aggregate, model.model_type, model.capabilities.scores_cls)
         self.aggregate = aggregate
         self._capacity: int | None = None
-        self.model = model
+        self.model = model  # what capacity reads (its tokenizer), before the model moves to its device below
         if windows is not None:
             windows.resolved(self.capacity)  # a window longer than the model reads is refused now
         self.windows = windows
