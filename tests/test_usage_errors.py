@@ -145,9 +145,9 @@ def test_windows_other_than_the_sidecars_are_refused_naming_both(tiny_index, tin
     argv = ["--index", str(tiny_index), "--topics", str(TOPICS), "--reranker", "maxsim", "--model",
             str(tiny_maxsim_dir), "--max-windows", "3"]
     assert _refused(search_main, argv, capsys) == (
-        "error: windows --window capacity --stride window --max-windows 3 differ from the --window capacity --stride "
-        f"window --max-windows 1 sidecar {maxsim_sidecar} stores; its windows are cut when it is built: leave out "
-        "--window, --stride and --max-windows, or build a sidecar with these windows")
+        "error: windows --window 62 --stride 62 --max-windows 3 differ from the --window 62 --stride 62 "
+        f"--max-windows 1 sidecar {maxsim_sidecar} stores; its windows are cut when it is built: leave out --window, "
+        "--stride and --max-windows, or build a sidecar with these windows")
 
 
 def test_the_aggregation_and_windows_reach_the_reranker_from_python(tiny_index, tiny_maxsim_dir):

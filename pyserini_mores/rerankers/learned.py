@@ -524,15 +524,17 @@ def _check_sidecar_windows(sidecar, windows: WindowOptions | None, capacity: int
     if windows is None:
         return
     stored = getattr(sidecar, "windows", None) or WindowOptions()
-    if (windows.resolved(capacity), windows.max_windows) != (stored.resolved(capacity), stored.max_windows):
-        raise UsageError(f"windows {_describe(windows)} differ from the {_describe(stored)} sidecar {sidecar.path} "
-                         "stores; its windows are cut when it is built: leave out --window, --stride and "
-                         "--max-windows, or build a sidecar with these windows")
+    asked, built = _as_flags(windows, capacity), _as_flags(stored, capacity)
+    if asked != built:
+        raise UsageError(f"windows {asked} differ from the {built} sidecar {sidecar.path} stores; its windows are "
+                         "cut when it is built: leave out --window, --stride and --max-windows, or build a sidecar "
+                         "with these windows")
 
 
-def _describe(windows: WindowOptions) -> str:
-    return (f"--window {windows.window or 'capacity'} --stride {windows.stride or 'window'} --max-windows "
-            f"{windows.max_windows}")
+def _as_flags(windows: WindowOptions, capacity: int) -> str:
+    """``windows`` as the flags that give them, window and stride in tokens for a model that reads ``capacity``."""
+    window, stride = windows.resolved(capacity)
+    return f"--window {window} --stride {stride} --max-windows {windows.max_windows}"
 
 
 # (sidecar path, reranker precision) pairs already warned about in this process.
