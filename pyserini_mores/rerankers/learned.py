@@ -6,10 +6,8 @@ import contextlib
 import copy
 import json
 import logging
-import math
 import os
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,19 +29,11 @@ from ..precision import resolve_device, resolve_precision
 from ..sidecar import BatchBuffer, SidecarRowMismatchError, open_sidecar
 from ..types import Query, Text, copy_candidates
 from .base import Reranker, string_candidates
+from .pacing import QueryPace, paced_batches
 
 logger = logging.getLogger(__name__)
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
-#: Under a deadline, a query's candidates are scored in at least this many batches (fewer only when they would be
-#: smaller than :data:`DEADLINE_MIN_BATCH`), so that stopping between batches can keep close to the deadline.
-DEADLINE_SLICES = 4
-#: ... and no batch is started smaller than this: its per-call overhead would make the time prediction unreliable.
-DEADLINE_MIN_BATCH = 16
-#: Under a deadline a batch is started only when it ends in time at this fraction over the time per candidate
-#: measured so far: batches of a query vary (page faults, allocation, other processes), and the work after the last
-#: one (sorting, the unscored tail) must fit too.
-DEADLINE_SAFETY = 0.2
 
 
 class ModelReranker(Reranker):
@@ -172,12 +162,14 @@ class ModelReranker(Reranker):
         return texts
 
     def rerank_until(self, query: Query | str, texts: list[Text], deadline: float, *,
-                     per_candidate_ms: float | None = None) -> list[Text]:
+                     per_candidate_ms: float | None = None, pace: QueryPace | None = None) -> list[Text]:
         """Rerank the head of ``texts`` (best first, as given) until ``deadline`` (a :func:`time.monotonic` time).
 
-        Candidates are scored batch by batch in their given order; no batch is started that is predicted to end
-        after the deadline: the prediction is the time per candidate of the batches scored so far, or before the
-        first, ``per_candidate_ms`` (e.g. the calibration's; ``None``: start it if time is left). Returns the texts
+        Candidates are scored batch by batch in their given order, each batch as large as is predicted to take at most
+        a share of the time left (:func:`~.pacing.paced_batches`): the prediction comes from the batches recorded in
+        ``pace`` (this query's, and earlier queries' when it shares a :class:`~.pacing.BatchPace` with them), or
+        before the first, ``per_candidate_ms`` (e.g. the calibration's; ``None``: start it if time is left); the
+        batches are recorded in ``pace``. Returns the texts
         scored in time — the first ``len(result)`` of ``texts`` — with new scores, best first (ties keep their
         order), as new ``Text`` objects: ``texts`` are not modified. :meth:`rerank` scores them all.
         """
@@ -186,7 +178,7 @@ class ModelReranker(Reranker):
         if not texts:
             return []
         with torch.inference_mode(), self._autocast():
-            scores = self._scores(query.text, texts, deadline=deadline, per_candidate_ms=per_candidate_ms)
+            scores = self._scores(query.text, texts, deadline=deadline, per_candidate_ms=per_candidate_ms, pace=pace)
         scored = texts[:len(scores)]
         for text, score in zip(scored, scores.tolist()):
             text.score = float(score)
@@ -236,7 +228,7 @@ class ModelReranker(Reranker):
         return scores.numpy().astype(np.float32, copy=False)
 
     def _scores(self, query: str, texts: list[Text], *, deadline: float | None = None,
-                per_candidate_ms: float | None = None, from_text: bool = False,
+                per_candidate_ms: float | None = None, pace: QueryPace | None = None, from_text: bool = False,
                 batch_size: int | None = None) -> torch.Tensor:
         """Scores of ``texts`` (from their text when ``from_text`` or without a sidecar), in batches of
         ``batch_size`` (default: :attr:`batch_size`); under a ``deadline`` (see :meth:`rerank_until`) of their first
@@ -246,10 +238,10 @@ class ModelReranker(Reranker):
         if model.store_width is None:
             documents = [_require_text(text, self.name) for text in texts]
             return _concat([model.score_texts(query, documents[start:stop]).float().cpu()
-                            for start, stop in self._batches(len(documents), deadline, per_candidate_ms, batch_size)])
+                            for start, stop in self._batches(len(documents), deadline, per_candidate_ms, batch_size, pace)])
         if self.sidecar is None or from_text:
             query_state = model.encode_query(self._on_device(model.tokenize_queries([query])))
-            return self._score_from_text(query_state, texts, deadline, per_candidate_ms, batch_size)
+            return self._score_from_text(query_state, texts, deadline, per_candidate_ms, batch_size, pace)
         rows = self._sidecar_rows(texts)
         if deadline is not None:
             # What overshoots a deadline is cold reads, one page fault at a time: issue them all now, so that they
@@ -266,7 +258,7 @@ class ModelReranker(Reranker):
             chunks = (order[start:start + batch_size] for start in range(0, len(order), batch_size))
         else:
             chunks = (start + np.argsort(lengths_of_rows[start:stop], kind="stable")
-                      for start, stop in self._batches(len(texts), deadline, per_candidate_ms, batch_size))
+                      for start, stop in self._batches(len(texts), deadline, per_candidate_ms, batch_size, pace))
         buffer = self._batch_buffer()
         scored = 0
         for chunk in chunks:
@@ -278,11 +270,11 @@ class ModelReranker(Reranker):
         return scores if deadline is None else scores[:scored]
 
     def _batches(self, count: int, deadline: float | None, per_candidate_ms: float | None,
-                 batch_size: int | None = None) -> Iterator[tuple[int, int]]:
+                 batch_size: int | None = None, pace: QueryPace | None = None) -> Iterator[tuple[int, int]]:
         batch_size = batch_size or self.batch_size
         if deadline is None:
             return ((start, min(count, start + batch_size)) for start in range(0, count, batch_size))
-        return paced_batches(count, batch_size, deadline, per_candidate_ms)
+        return paced_batches(count, batch_size, deadline, per_candidate_ms, pace=pace)
 
     def release_memory(self) -> None:
         """Drop every thread's batch memory (see the class docstring); the next batch allocates afresh."""
@@ -296,11 +288,12 @@ class ModelReranker(Reranker):
         return buffer
 
     def _score_from_text(self, query_state: Any, texts: list[Text], deadline: float | None = None,
-                         per_candidate_ms: float | None = None, batch_size: int | None = None) -> torch.Tensor:
+                         per_candidate_ms: float | None = None, batch_size: int | None = None,
+                         pace: QueryPace | None = None) -> torch.Tensor:
         model = self.scoring_model
         documents = [_require_text(text, self.name) for text in texts]
         scores = []
-        for start, stop in self._batches(len(documents), deadline, per_candidate_ms, batch_size):
+        for start, stop in self._batches(len(documents), deadline, per_candidate_ms, batch_size, pace):
             doc_reps = model.encode_documents(self._on_device(model.tokenize_documents(documents[start:stop])))
             docs, lengths = self._padded(doc_reps)
             scores.append(model.score(query_state, docs, lengths).float().cpu())
@@ -418,37 +411,6 @@ def _warn_on_build_precision(sidecar, precision: str, name: str) -> None:
         "a from-text fp32 run only to bf16 accuracy. For fp32-exact scores rebuild it with `python -m "
         "pyserini_mores.sidecar build --precision fp32 --overwrite` (and the same --index, --reranker, --model and "
         "--output)", name, sidecar.path)
-
-
-def paced_batches(count: int, batch_size: int, deadline: float, per_candidate_ms: float | None = None
-                  ) -> Iterator[tuple[int, int]]:
-    """``(start, stop)`` batches over ``count`` candidates in order, none started that is predicted to end after
-    ``deadline`` (:func:`time.monotonic`). The consumer scores a batch before asking for the next one, so the time
-    between two requests is what the batch cost.
-
-    The prediction is the time per candidate measured in this call — the slower of the mean so far and the last
-    batch, so that a slowing (cold pages, a busy machine) counts at once — with :data:`DEADLINE_SAFETY` added. Before
-    any measurement it is ``per_candidate_ms`` (a warm calibration's), and the first batch is only a probe of
-    :data:`DEADLINE_MIN_BATCH` candidates: on a cold sidecar the first reads cost many times what the calibration
-    measured. Batches are at most ``batch_size`` and, so that stopping between them keeps close to the deadline, a
-    :data:`DEADLINE_SLICES`-th of ``count`` (not below :data:`DEADLINE_MIN_BATCH`); the last one that fits may be
-    shortened to what the time left allows."""
-    size = max(1, min(batch_size, max(DEADLINE_MIN_BATCH, math.ceil(count / DEADLINE_SLICES))))
-    seconds_per_candidate = max(per_candidate_ms or 0.0, 0.0) / 1000
-    spent, done, start = 0.0, 0, 0
-    while start < count:
-        now = time.monotonic()
-        left = deadline - now
-        wanted = min(size if done else min(size, DEADLINE_MIN_BATCH), count - start)
-        predicted = seconds_per_candidate * (1 + DEADLINE_SAFETY)
-        affordable = left / predicted if predicted > 0 else math.inf
-        fitting = wanted if affordable >= wanted else int(affordable)
-        if left <= 0 or fitting < min(wanted, DEADLINE_MIN_BATCH):
-            return
-        yield start, start + fitting
-        took = time.monotonic() - now
-        spent, done, start = spent + took, done + fitting, start + fitting
-        seconds_per_candidate = max(spent / done, took / fitting)
 
 
 def _default_model(model_type: str) -> str:

@@ -14,8 +14,8 @@ import pytest
 
 from pyserini_mores.budget.sweep import format_tsv, run_sweep
 from pyserini_mores.index import open_searcher
-from pyserini_mores.rerankers import learned
-from pyserini_mores.rerankers.learned import paced_batches
+from pyserini_mores.rerankers import pacing
+from pyserini_mores.rerankers.pacing import paced_batches
 from pyserini_mores.search import RerankingSearcher
 from pyserini_mores.search import searcher as searcher_module
 from pyserini_mores.search.calibration import Calibration
@@ -51,7 +51,7 @@ def slow_searcher(request, tiny_index, tiny_maxsim_dir, maxsim_sidecar, monkeypa
     clock = [0.0]
     fake_time = types.SimpleNamespace(monotonic=lambda: clock[0], perf_counter=lambda: clock[0])
     monkeypatch.setattr(searcher_module, "time", fake_time)
-    monkeypatch.setattr(learned, "time", fake_time)
+    monkeypatch.setattr(pacing, "time", fake_time)
 
     def slow_score(*args, **kwargs):
         clock[0] += BATCH_COST_S
@@ -59,7 +59,7 @@ def slow_searcher(request, tiny_index, tiny_maxsim_dir, maxsim_sidecar, monkeypa
 
     monkeypatch.setattr(model, "score", slow_score, raising=False)
     # Batches of 2 are what the test times; the package's floor on batch size under a deadline would merge them.
-    monkeypatch.setattr(learned, "DEADLINE_MIN_BATCH", 1)
+    monkeypatch.setattr(pacing, "DEADLINE_PROBE", 1)
     yield searcher
     searcher.close()
 
@@ -110,17 +110,17 @@ def test_without_the_deadline_the_budget_only_chooses_the_depth(slow_searcher, l
     assert stats.rerank_ms > BUDGET_MS
 
 
-def _paced(monkeypatch, cost_per_candidate=lambda start: 1.0):
-    """``run(count, batch_size, deadline, per_candidate_ms)`` on a fake clock starting at 100 s, where candidate
-    ``i`` costs ``cost_per_candidate(i)`` s; returns the batches and the time each ended."""
+def _paced(monkeypatch, cost_per_candidate=lambda start: 1.0, probe=1):
+    """``run(count, batch_size, deadline, per_candidate_ms, pace=None)`` on a fake clock starting at 100 s, where
+    candidate ``i`` costs ``cost_per_candidate(i)`` s; returns the batches and the time each ended."""
     clock = [100.0]
-    monkeypatch.setattr(learned.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(learned, "DEADLINE_MIN_BATCH", 1)
+    monkeypatch.setattr(pacing.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(pacing, "DEADLINE_PROBE", probe)
 
-    def run(count, batch_size, deadline, per_candidate_ms=None):
+    def run(count, batch_size, deadline, per_candidate_ms=None, pace=None):
         clock[0] = 100.0
         batches, ends = [], []
-        for start, stop in paced_batches(count, batch_size, deadline, per_candidate_ms):
+        for start, stop in paced_batches(count, batch_size, deadline, per_candidate_ms, pace=pace):
             batches.append((start, stop))
             clock[0] += sum(cost_per_candidate(i) for i in range(start, stop))
             ends.append(clock[0])
@@ -129,18 +129,31 @@ def _paced(monkeypatch, cost_per_candidate=lambda start: 1.0):
     return run
 
 
-def test_paced_batches_start_no_batch_that_would_end_after_the_deadline(monkeypatch):
-    """Every candidate costs 1 s; a batch starts only when it ends in time with DEADLINE_SAFETY to spare."""
+def test_paced_batches_start_no_batch_predicted_to_take_over_half_the_time_left(monkeypatch):
+    """Every candidate costs 1 s; a batch starts only when it is predicted to take at most half the time left, so
+    batches shrink toward the deadline, down to one candidate."""
     run = _paced(monkeypatch)
-    assert pytest.approx(0.2) == learned.DEADLINE_SAFETY
-    # A probe of one candidate first, then batches of 2 while 2 × 1.2 s fit; 1 s left fits no candidate at 1.2 s.
-    assert run(20, 2, 110.0, per_candidate_ms=1000.0)[0] == [(0, 1), (1, 3), (3, 5), (5, 7), (7, 9)]
-    # A batch that does not fit whole is shortened to what the time left allows (4 s left: 3 candidates).
-    assert run(20, 4, 109.0, per_candidate_ms=1000.0)[0] == [(0, 1), (1, 5), (5, 8)]
+    assert pytest.approx(0.5) == pacing.DEADLINE_SHARE
+    # A probe of one candidate first, then batches of 2 while 2 s fit half the time left; then single candidates
+    # while 1 s fits half of it; 1 s left fits none.
+    assert run(20, 2, 110.0, per_candidate_ms=1000.0) == (
+        [(0, 1), (1, 3), (3, 5), (5, 7), (7, 8), (8, 9)], [101.0, 103.0, 105.0, 107.0, 108.0, 109.0])
+    # A batch that does not fit whole is shortened to what half the time left allows (4 s left: 2 candidates).
+    assert run(20, 4, 109.0, per_candidate_ms=1000.0)[0] == [(0, 1), (1, 5), (5, 7), (7, 8)]
     # No time left: nothing is started, even with no prediction.
     assert run(20, 2, 100.0)[0] == []
     # Batches are at most a DEADLINE_SLICES-th of the candidates, so that stopping between them keeps close.
     assert run(8, 250, math.inf)[0] == [(0, 1), (1, 3), (3, 5), (5, 7), (7, 8)]
+
+
+def test_paced_batches_give_up_at_most_one_candidate_of_depth_at_a_steady_pace(monkeypatch):
+    """At 1 s per candidate, a deadline ``T`` s away scores ``T - 1`` candidates (the last 1 s would fit only
+    one more candidate with no time to spare), whatever the batch size."""
+    run = _paced(monkeypatch)
+    for seconds in range(2, 40):
+        for batch_size in (1, 3, 16, 250):
+            batches, ends = run(1000, batch_size, 100.0 + seconds, per_candidate_ms=1000.0)
+            assert batches[-1][1] == seconds - 1 and ends[-1] == 100.0 + seconds - 1, (seconds, batch_size)
 
 
 def test_a_warm_calibration_does_not_start_a_cold_first_batch_past_the_deadline(monkeypatch):
@@ -152,11 +165,53 @@ def test_a_warm_calibration_does_not_start_a_cold_first_batch_past_the_deadline(
 
 def test_a_slowing_batch_is_foreseen_from_the_last_batch_not_only_the_mean(monkeypatch):
     """Candidates cost 1 s, then 1.5 s from the 9th on (the pages of later candidates are cold): the mean of
-    everything so far lags behind; the last batch's time and the safety keep every batch within the deadline."""
+    everything so far lags behind; the last batch's time and the share keep every batch within the deadline."""
     run = _paced(monkeypatch, cost_per_candidate=lambda i: 1.0 if i < 8 else 1.5)
     for deadline in (110.0, 111.0, 112.5, 114.0, 117.0):
         batches, ends = run(40, 4, deadline, per_candidate_ms=1000.0)
         assert batches and max(ends) <= deadline, (deadline, batches, ends)
+
+
+def test_a_batch_slowed_mid_way_up_to_twice_what_was_predicted_still_ends_in_time(monkeypatch):
+    """Another process takes a core mid-batch: a third of the candidates cost 1 s to 2 s (seeded), the others 1 s,
+    and the prediction starts at 1 s. No batch ends after the deadline; a load that slows a batch further can."""
+    import random
+
+    generator = random.Random(7)
+    costs = [generator.uniform(1.0, 2.0) if generator.random() < 0.3 else 1.0 for _ in range(400)]
+    run = _paced(monkeypatch, cost_per_candidate=lambda i: costs[i], probe=16)
+    for deadline in (101.0, 102.0, 103.5, 107.0, 110.0, 125.0, 160.0):
+        for batch_size in (1, 4, 16, 250):
+            batches, ends = run(400, batch_size, deadline, per_candidate_ms=1000.0)
+            assert not ends or max(ends) <= deadline, (deadline, batch_size, batches, ends)
+    # Three times slower than predicted is beyond what the share absorbs: the first batch (half the time) overshoots.
+    slower = _paced(monkeypatch, cost_per_candidate=lambda i: 3.0, probe=16)
+    assert max(slower(400, 16, 110.0, per_candidate_ms=1000.0)[1]) > 110.0
+
+
+def test_a_shared_pace_carries_the_times_of_earlier_queries_and_their_spread(monkeypatch):
+    """A query that met slow batches (2 s per candidate after a 1 s probe) leaves them in the searcher's pace: the
+    next query predicts from them (no probe, the high quantile), not from the calibration's 0.5 s."""
+    shared = pacing.BatchPace()
+    assert shared.seconds_per_candidate() is None
+    run = _paced(monkeypatch, cost_per_candidate=lambda i: 1.0 if i == 0 else 2.0)
+    first = shared.query()
+    batches, ends = run(100, 250, 120.0, per_candidate_ms=500.0, pace=first)
+    # The second batch, predicted at 1 s per candidate to take half the 19 s left, takes twice that: still in time.
+    assert (batches, ends) == ([(0, 1), (1, 10)], [101.0, 119.0])
+    assert (first.batches, first.candidates, first.seconds) == (2, 10, 19.0)
+    # Rates 1 and 2 s: the 0.9 quantile (nearest rank) is 2 s.
+    assert shared.seconds_per_candidate() == 2.0
+    second = shared.query()
+    assert second.seconds_per_candidate(prior=0.5) == 2.0
+    batches, ends = run(100, 250, 120.0, per_candidate_ms=500.0, pace=second)
+    assert batches[0] == (0, 5) and max(ends) <= 120.0
+    # The window forgets: PACE_WINDOW batches at 1 s per candidate and the quantile is 1 s again.
+    for _ in range(pacing.PACE_WINDOW):
+        shared.record(4, 4.0)
+    assert shared.seconds_per_candidate() == 1.0
+    with pytest.raises(ValueError):
+        pacing.BatchPace(quantile=0.0)
 
 
 # ------------------------------------------------------------------------------------------------- calibration
@@ -318,10 +373,11 @@ def _cached_calibration(searcher, cache_dir, **fields) -> Calibration:
     return searcher.calibrate(cache_dir=cache_dir)
 
 
-def test_times_that_drift_from_the_cost_model_rescale_it_and_the_cache(slow_searcher, lucene, tmp_path, caplog):
+def test_times_that_drift_from_the_cost_model_refit_it_and_the_cache(slow_searcher, lucene, tmp_path, caplog):
     """Measured on a quiet machine at 1 ms + 1 ms per candidate, the reranker now takes 20 ms per candidate (the fake
-    clock): every query scores 2 candidates in 40 ms under the deadline, 40/3 of the predicted 3 ms. The eighth such
-    query rescales the model by 40/3, saves it, and the next query's depth is the rescaled model's."""
+    clock moves only in the scoring batches): every query scores 2 candidates in 40 ms under the deadline, all of it in
+    its batches. The eighth such query refits the line to what was observed, 0 ms + 20 ms per candidate (40/3 of the
+    prediction at the 2 candidates scored), saves it, and the next query's depth is the refitted model's."""
     from pyserini_mores.search.calibration import DRIFT_MIN_QUERIES
 
     cache = tmp_path / "calibration"
@@ -333,35 +389,35 @@ def test_times_that_drift_from_the_cost_model_rescale_it_and_the_cache(slow_sear
         assert (stats.depth, stats.scored, stats.rerank_ms) == (len(bm25), 2, pytest.approx(40.0))
         if query_number < DRIFT_MIN_QUERIES:
             assert slow_searcher.calibration is quiet, query_number
-    rescaled = slow_searcher.calibration
-    assert rescaled.scale == pytest.approx(40 / 3)
-    assert (rescaled.fixed_ms, rescaled.per_candidate_ms) == (pytest.approx(40 / 3), pytest.approx(40 / 3))
-    assert rescaled.key == quiet.key and rescaled.measured_at == quiet.measured_at and rescaled.rescaled_at
+    refitted = slow_searcher.calibration
+    assert refitted.scale == pytest.approx(40 / 3)
+    assert (refitted.fixed_ms, refitted.per_candidate_ms) == (pytest.approx(0.0, abs=1e-9), pytest.approx(20.0))
+    assert refitted.key == quiet.key and refitted.measured_at == quiet.measured_at and refitted.rescaled_at
     assert "40/3" not in caplog.text and "13.33x what its cost model predicts" in caplog.text
     assert "--recalibrate measures it again" in caplog.text
-    # The next query reranks as deep as the rescaled model says fits: (60 - 13.3) / 13.3 -> 3 candidates.
+    # The next query reranks as deep as the refitted model says fits: 60 / 20 -> 3 candidates.
     _, stats = slow_searcher.rerank_hits(QUERIES[0], bm25)
-    assert stats.depth == rescaled.depth_for_budget(BUDGET_MS, 20) == 3
+    assert stats.depth == refitted.depth_for_budget(BUDGET_MS, 20) == 3
     # The cache holds it: the next search starts from the observed costs.
-    assert slow_searcher.calibrate(cache_dir=cache) == rescaled
-    # --recalibrate measures again (a real measurement on the real clock, not the rescaled model).
+    assert slow_searcher.calibrate(cache_dir=cache) == refitted
+    # --recalibrate measures again (a real measurement on the real clock, not the refitted model).
     assert slow_searcher.calibrate(recalibrate=True, cache_dir=cache, num_queries=1, repeats=1).scale == 1.0
 
 
-def test_only_the_first_rescale_of_a_searcher_is_a_warning(slow_searcher, tmp_path, caplog):
-    """Under a load that keeps changing, the cost model is rescaled every few queries: the user is warned once, and
-    the later rescales are logged at INFO (shown with -v)."""
+def test_only_the_first_refit_of_a_searcher_is_a_warning(slow_searcher, tmp_path, caplog):
+    """Under a load that keeps changing, the cost model is refitted every few queries: the user is warned once, and
+    the later refits are logged at INFO (shown with -v)."""
     import logging
 
-    from pyserini_mores.search.calibration import DRIFT_MIN_QUERIES
+    from pyserini_mores.search.calibration import REFIT_WINDOW
 
     _cached_calibration(slow_searcher, tmp_path, fixed_ms=1.0, per_candidate_ms=1.0)
     caplog.set_level(logging.INFO, logger=searcher_module.__name__)
-    for observed_ms in (40.0, 400.0, 4000.0):  # 2 candidates, each time 10x or more what the current model predicts
-        for _ in range(DRIFT_MIN_QUERIES):
-            slow_searcher._observe_cost(2, observed_ms)
-    rescales = [record.levelno for record in caplog.records if "what its cost model predicts" in record.getMessage()]
-    assert rescales == [logging.WARNING, logging.INFO, logging.INFO]
+    for observed_ms in (40.0, 400.0, 4000.0):  # 2 candidates, each time 10x what the current model predicts
+        for _ in range(REFIT_WINDOW):
+            slow_searcher._observe_cost(2, observed_ms, observed_ms)
+    refits = [record.levelno for record in caplog.records if "what its cost model predicts" in record.getMessage()]
+    assert len(refits) >= 3 and refits[0] == logging.WARNING and set(refits[1:]) == {logging.INFO}
     assert slow_searcher.calibration.predict_ms(2) == pytest.approx(4000.0)
 
 
@@ -430,36 +486,53 @@ def test_the_budget_report_gives_p95_and_the_queries_over_the_budget():
     assert budget_report([], 50.0) == []
 
 
-def test_cost_drift_follows_a_weighted_mean_of_log_ratios():
-    from pyserini_mores.search.calibration import CostDrift
+def test_a_refit_follows_the_medians_of_fixed_and_per_candidate_costs_apart():
+    """Quiet: 5 ms fixed + 10 ms per candidate. One query caught by a burst of load (10x) moves nothing; a load that
+    doubles the fixed cost and triples the per-candidate cost for good is refitted as exactly that, once."""
+    from pyserini_mores.search.calibration import CostRefit
 
-    model = Calibration(fixed_ms=0.0, per_candidate_ms=1.0)  # 10 candidates: 10 ms predicted
-    drift = CostDrift(weight=0.5, factor=1.5, min_queries=3)
-    assert drift.observe(model, 10, 20.0) is None and drift.observe(model, 10, 20.0) is None
-    assert drift.observe(model, 10, 5.0) is None  # mean log ratio: log 2 then halfway to log 0.5 -> 0
-    assert drift.mean_log_ratio == pytest.approx(0.0) and drift.queries == 3
-    # Halfway from 0 to log 4: log 2, beyond log 1.5 with 3 queries seen: rescale by 2, and start afresh.
-    assert drift.observe(model, 10, 40.0) == pytest.approx(2.0)
-    assert (drift.queries, drift.mean_log_ratio) == (0, 0.0)
-    for ms in (30.0, 30.0):
-        assert drift.observe(model, 10, ms) is None
-    assert drift.observe(model, 10, 30.0) == pytest.approx(3.0)  # the first observation starts the mean
-    # Jitter under NOISE_FLOOR_MS and queries that scored nothing are not counted.
-    assert drift.observe(Calibration(fixed_ms=0.0, per_candidate_ms=0.1), 10, 1.9) is None
-    assert drift.observe(model, 0, 0.0) is None and drift.queries == 0
+    quiet = Calibration(fixed_ms=5.0, per_candidate_ms=10.0, points=((1, 15.0), (10, 105.0)))
+    refit = CostRefit(window=7, factor=1.5, min_queries=4)
+
+    def query(model, scored, fixed_ms, per_candidate_ms):
+        return refit.observe(model, scored, fixed_ms + per_candidate_ms * scored, per_candidate_ms * scored)
+
+    for scored in (4, 6, 5, 5, 7):
+        assert query(quiet, scored, 5.0, 10.0) is None
+    assert query(quiet, 5, 50.0, 100.0) is None  # the burst: 550 ms where 55 were predicted
+    assert refit.queries == 6
+    results = [query(quiet, scored, 10.0, 30.0) for scored in (3, 3, 4)]
+    assert results[:-1] == [None] * 2  # the medians move once the loaded queries are the window's majority
+    busy, ratio = results[-1]
+    assert (busy.fixed_ms, busy.per_candidate_ms) == (10.0, 30.0)
+    # At the median number the window's queries scored, 5: 160 ms where 55 were predicted.
+    assert sorted(refit.scored) == [3, 3, 4, 5, 5, 5, 7]
+    assert ratio == pytest.approx(160 / 55) and busy.scale == pytest.approx(ratio)
+    # The measured points move with the line: what they said at their size, times the new line's ratio there.
+    assert busy.points == (pytest.approx((1, 15.0 * 40 / 15)), pytest.approx((10, 105.0 * 310 / 105)))
+    # Converged: the same load against the refitted model refits nothing more.
+    for _ in range(8):
+        assert query(busy, 3, 10.0, 30.0) is None
+    # Jitter under NOISE_FLOOR_MS is not counted; a query that scored nothing counts for the fixed cost only.
+    assert refit.observe(Calibration(fixed_ms=0.0, per_candidate_ms=0.1), 10, 1.9, 1.0) is None
+    before = list(refit.per_candidate_ms)
+    assert refit.observe(busy, 0, 12.0, 0.0) is None and list(refit.per_candidate_ms) == before
+    assert refit.fixed_ms[-1] == 12.0
 
 
-def test_a_rescaled_cost_model_round_trips_and_keeps_its_measurement():
+def test_a_refitted_cost_model_round_trips_and_keeps_its_measurement():
     measured = Calibration.fit([(1, 10.0), (10, 19.0), (100, 109.0)], max_candidates=100, key={"reranker": "x"},
                                measured_at="2026-01-01T00:00:00+00:00")
-    rescaled = measured.rescaled(2.0).rescaled(1.5)
-    assert rescaled.scale == 3.0 and rescaled.points == ((1, 30.0), (10, 57.0), (100, 327.0))
-    assert rescaled.predict_ms(50) == pytest.approx(3 * measured.predict_ms(50))
-    assert rescaled.max_relative_error == pytest.approx(measured.max_relative_error)
-    assert Calibration.from_dict(rescaled.to_dict()) == rescaled
-    assert "3x as measured" in rescaled.describe()
+    assert (measured.fixed_ms, measured.per_candidate_ms) == (pytest.approx(9.0), pytest.approx(1.0))
+    refitted = measured.refitted(18.0, 2.0, at=10).refitted(27.0, 3.0, at=10)
+    assert refitted.scale == pytest.approx(3.0) and [n for n, _ in refitted.points] == [1, 10, 100]
+    assert [ms for _, ms in refitted.points] == pytest.approx([30.0, 57.0, 327.0])
+    assert refitted.predict_ms(50) == pytest.approx(3 * measured.predict_ms(50))
+    assert refitted.max_relative_error == pytest.approx(measured.max_relative_error)
+    assert Calibration.from_dict(refitted.to_dict()) == refitted
+    assert "3x as measured" in refitted.describe()
     legacy = measured.to_dict()
     del legacy["scale"], legacy["rescaled_at"]
     assert Calibration.from_dict(legacy) == measured
-    with pytest.raises(ValueError):
-        measured.rescaled(0.0)
+    with pytest.raises(ValueError, match="per_candidate_ms"):
+        measured.refitted(1.0, -1.0, at=1)
