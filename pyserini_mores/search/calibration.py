@@ -67,7 +67,7 @@ NOISE_FLOOR_MS = 2.0
 REFIT_WINDOW = 15
 #: ... once this many queries are counted, and the refit line is off by more than this factor either way from the
 #: model's (at one candidate, or at the median number of candidates the queries scored).
-DRIFT_FACTOR = 1.5
+DRIFT_FACTOR = 1.15
 DRIFT_MIN_QUERIES = 8
 
 @dataclass(frozen=True)
@@ -256,7 +256,9 @@ class CostRefit:
             self.scored.append(scored)
         if self.queries < self.min_queries or not self.per_candidate_ms:
             return None
-        fixed, per_candidate = statistics.median(self.fixed_ms), statistics.median(self.per_candidate_ms)
+        # To the nanosecond: finer digits are the clock's rounding, and would tip a depth that fits exactly.
+        fixed, per_candidate = (round(statistics.median(values), 6) for values in (self.fixed_ms,
+                                                                                  self.per_candidate_ms))
         at = max(1, round(statistics.median(self.scored)))
         ratios = []
         for candidates in (1, at):
