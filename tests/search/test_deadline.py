@@ -195,6 +195,31 @@ def test_a_batch_slowed_mid_way_up_to_twice_what_was_predicted_still_ends_in_tim
     assert max(slower(400, 16, 110.0, per_candidate_ms=1000.0)[1]) > 110.0
 
 
+def test_a_querys_own_slow_batch_counts_at_once_beside_a_window_of_fast_ones(monkeypatch):
+    """Earlier queries left 31 batches at 1 s per candidate; this query's candidates cost 3 s (its pages are cold). One
+    slow batch in the window does not move its 0.95 quantile, but this query's own last batch sets the margin."""
+    shared = pacing.BatchPace()
+    for _ in range(pacing.PACE_WINDOW - 1):
+        shared.record(4, 4.0)
+    run = _paced(monkeypatch, cost_per_candidate=lambda i: 3.0)
+    # The first batch, predicted at 1 s per candidate, takes 12 s of the 20; the next is predicted at 3 s.
+    assert run(40, 4, 120.0, per_candidate_ms=1000.0, pace=shared.query()) == (
+        [(0, 4), (4, 5), (5, 6)], [112.0, 115.0, 118.0])
+
+
+def test_the_spread_of_recent_batches_is_the_margin(monkeypatch):
+    """One batch in five ran 1.5 times as long as the others (1 s per candidate): the prediction of a candidate is
+    the line (1.1 s) times the 0.95 quantile of the batches' ratios to it, i.e. 1.5 s, so that a slow batch like
+    those seen recently still fits; not the mean, which would start a candidate with 1.1 s left."""
+    run = _paced(monkeypatch)
+    shared = pacing.BatchPace()
+    for batch in range(20):
+        shared.record(1, 1.5 if batch % 5 == 0 else 1.0)
+    assert shared.predictor().seconds(1) == pytest.approx(1.5)
+    assert run(10, 1, 101.45, per_candidate_ms=1000.0, pace=shared.query())[0] == []
+    assert run(10, 1, 101.55, per_candidate_ms=1000.0, pace=shared.query())[0] == [(0, 1)]
+
+
 def test_a_shared_pace_carries_the_times_of_earlier_queries_and_their_spread(monkeypatch):
     """A query that met slow batches (2 s per candidate after a 1 s probe) leaves them in the searcher's pace: the
     next query predicts from them (no probe; a line through the batches, times their spread), not from the
