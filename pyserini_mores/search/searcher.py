@@ -186,7 +186,7 @@ class RerankingSearcher:
         self._pace = BatchPace()  # the times of recent scoring batches under a deadline, which pace the next ones
         self._calibration_cache: str | os.PathLike | None = None
         self._warned_depth_zero: set[float] = set()
-        self._rescales = 0  # how often this searcher refitted its cost model (the first is a warning)
+        self._refits = 0  # how often this searcher refitted its cost model (the first is a warning)
         self.reranker = reranker if reranker_options is None else \
             get_reranker(reranker_options.name, **reranker_options.factory_kwargs())
         self.sidecar_path: Path | None = None
@@ -458,10 +458,10 @@ class RerankingSearcher:
             before = self.calibration.describe()
             self.calibration, ratio = refit
             path = save_calibration(self.calibration, self._calibration_cache)
-            self._rescales += 1
+            self._refits += 1
         # The first refit tells the user the machine is not as fast as when it was measured; under a load that
         # keeps changing, the later ones would repeat that every few queries, so they are logged at INFO (-v).
-        log = logger.warning if self._rescales == 1 else logger.info
+        log = logger.warning if self._refits == 1 else logger.info
         log("rerank times of %s are %.2fx what its cost model predicts (%s) over the last queries: the model is now "
             "%s, saved to %s (--recalibrate measures it again)", self.reranker.name, ratio, before,
             self.calibration.describe(), path)

@@ -470,7 +470,7 @@ def test_times_within_the_drift_factor_leave_the_cost_model_alone(slow_searcher,
     assert slow_searcher.calibration is calibration
 
 
-def test_without_the_deadline_or_with_a_given_cost_model_nothing_is_rescaled(slow_searcher, lucene, tmp_path):
+def test_without_the_deadline_or_with_a_given_cost_model_nothing_is_refitted(slow_searcher, lucene, tmp_path):
     from pyserini_mores.search.calibration import DRIFT_MIN_QUERIES
 
     bm25 = lucene.search(QUERIES[0], k=20)
