@@ -44,6 +44,10 @@ class BatchPace:
             with self._lock:
                 self._batches.append((candidates, seconds))
 
+    def timed(self) -> bool:
+        """Whether any batch is recorded."""
+        return bool(self._batches)
+
     def predictor(self) -> BatchPrediction | None:
         """The batch time the recent batches predict; ``None`` before any."""
         with self._lock:
@@ -146,7 +150,7 @@ def paced_batches(count: int, batch_size: int, deadline: float, per_candidate_ms
         if left <= 0:
             return
         wanted = min(size, count - start)
-        if pace.batches == 0 and pace.shared.predictor() is None:
+        if pace.batches == 0 and not pace.shared.timed():
             wanted = min(wanted, DEADLINE_PROBE)
         prediction = pace.predictor(prior)
         if prediction is not None:
