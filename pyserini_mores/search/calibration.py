@@ -243,12 +243,16 @@ class CostRefit:
         return len(self.fixed_ms)
 
     def observe(self, calibration: Calibration, scored: int, rerank_ms: float,
-                batch_ms: float) -> tuple[Calibration, float] | None:
-        """Count one query that scored ``scored`` candidates in batches taking ``batch_ms`` of its ``rerank_ms``; the
-        refitted model and its ratio to ``calibration`` at the median number scored (the warning's "x times") when
-        the observations have drifted from ``calibration``, else ``None``."""
+                batch_ms: float | None) -> tuple[Calibration, float] | None:
+        """Count one query that scored ``scored`` candidates in batches taking ``batch_ms`` of its ``rerank_ms``
+        (``None``: not timed apart, as from a reranker that does not pace its batches; then split as the model
+        splits its prediction); the refitted model and its ratio to ``calibration`` at the median number scored (the
+        warning's "x times") when the observations have drifted from ``calibration``, else ``None``."""
         if max(calibration.predict_ms(scored), rerank_ms) < NOISE_FLOOR_MS or rerank_ms < 0:
             return None
+        if batch_ms is None:
+            line = calibration.line_ms(scored)
+            batch_ms = rerank_ms * calibration.per_candidate_ms * scored / line if line > 0 else rerank_ms
         batch_ms = min(max(batch_ms, 0.0), rerank_ms)
         self.fixed_ms.append(rerank_ms - batch_ms)
         if scored > 0:

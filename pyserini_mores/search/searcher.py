@@ -404,7 +404,8 @@ class RerankingSearcher:
         rerank_ms = (time.perf_counter() - started) * 1000 if head else 0.0
         scored = len(reranked)
         if deadline is not None:
-            self._observe_cost(scored, rerank_ms, pace.seconds * 1000)
+            # A reranker that does not pace its batches (no rerank_until) leaves its time unsplit.
+            self._observe_cost(scored, rerank_ms, pace.seconds * 1000 if pace.batches or not scored else None)
         ranked = reranked + _below(reranked, first_stage_hits(hits[scored:]), start_rank=scored + 1)
         for hit in ranked:  # read from the index if asked for, as LuceneSearcher's hits carry it
             hit.attach_document(reader=self._lucene_document)
@@ -446,9 +447,10 @@ class RerankingSearcher:
         self._drift, self._calibration_cache = CostRefit(), options.get("cache_dir")
         return self.calibration
 
-    def _observe_cost(self, scored: int, rerank_ms: float, batch_ms: float) -> None:
-        """Count a budgeted query's rerank time (``batch_ms`` of it in scoring batches) against the cost model;
-        refit and save the model when the times have drifted from it (:class:`~.calibration.CostRefit`)."""
+    def _observe_cost(self, scored: int, rerank_ms: float, batch_ms: float | None) -> None:
+        """Count a budgeted query's rerank time (``batch_ms`` of it in scoring batches, ``None`` when not timed
+        apart) against the cost model; refit and save the model when the times have drifted from it
+        (:class:`~.calibration.CostRefit`)."""
         if self._drift is None or self.calibration is None:
             return
         with self._calibrating:

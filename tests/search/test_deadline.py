@@ -14,7 +14,7 @@ import pytest
 
 from pyserini_mores.budget.sweep import format_tsv, run_sweep
 from pyserini_mores.index import open_searcher
-from pyserini_mores.rerankers import pacing
+from pyserini_mores.rerankers import learned, pacing
 from pyserini_mores.rerankers.pacing import paced_batches
 from pyserini_mores.search import RerankingSearcher
 from pyserini_mores.search import searcher as searcher_module
@@ -440,6 +440,23 @@ def test_times_that_drift_from_the_cost_model_refit_it_and_the_cache(slow_search
     assert slow_searcher.calibrate(recalibrate=True, cache_dir=cache, num_queries=1, repeats=1).scale == 1.0
 
 
+def test_a_reranker_that_does_not_pace_its_batches_is_refitted_as_its_model_splits(slow_searcher, lucene, tmp_path,
+                                                                                    monkeypatch):
+    """Without ``rerank_until`` every candidate is scored and the time is not split into batches and the rest: each
+    query's 16 candidates in 8 batches of 20 ms (160 ms) are split as the model (1 ms + 1 ms per candidate) splits its
+    prediction, 1/17 fixed, and the refit keeps that shape."""
+    from pyserini_mores.search.calibration import DRIFT_MIN_QUERIES
+
+    monkeypatch.delattr(learned.ModelReranker, "rerank_until")
+    _cached_calibration(slow_searcher, tmp_path, fixed_ms=1.0, per_candidate_ms=1.0)
+    bm25 = lucene.search(QUERIES[0], k=20)
+    for _ in range(DRIFT_MIN_QUERIES):
+        _, stats = slow_searcher.rerank_hits(QUERIES[0], bm25)
+        assert (stats.scored, stats.rerank_ms) == (len(bm25), pytest.approx(len(bm25) / 2 * 20.0))
+    refitted = slow_searcher.calibration
+    assert (refitted.fixed_ms, refitted.per_candidate_ms) == (pytest.approx(160 / 17), pytest.approx(160 / 17))
+
+
 def test_only_the_first_refit_of_a_searcher_is_a_warning(slow_searcher, tmp_path, caplog):
     """Under a load that keeps changing, the cost model is refitted every few queries: the user is warned once, and
     the later refits are logged at INFO (shown with -v)."""
@@ -550,6 +567,11 @@ def test_a_refit_follows_the_medians_of_fixed_and_per_candidate_costs_apart():
     # Converged: the same load against the refitted model refits nothing more.
     for _ in range(8):
         assert query(busy, 3, 10.0, 30.0) is None
+    # A query not timed apart (a reranker that does not pace its batches) is split as the model splits: 3 candidates
+    # in 200 ms against 10 + 30 per candidate: 20 ms fixed, 60 ms per candidate.
+    assert query(busy, 3, 10.0, 30.0) is None
+    assert refit.observe(busy, 3, 200.0, None) is None
+    assert (refit.fixed_ms[-1], refit.per_candidate_ms[-1]) == (pytest.approx(20.0), pytest.approx(60.0))
     # Jitter under NOISE_FLOOR_MS is not counted; a query that scored nothing counts for the fixed cost only.
     assert refit.observe(Calibration(fixed_ms=0.0, per_candidate_ms=0.1), 10, 1.9, 1.0) is None
     before = list(refit.per_candidate_ms)
