@@ -6,7 +6,7 @@ The cost model is measured first with the machine quiet (one query, ``--recalibr
 then a process that spins (``while True: pass``, pinned to ``--busy-core`` with ``sched_setaffinity``) starts, and a
 search runs per budget, one after the other, on the same queries; the spinning process is killed at the end, also on
 an error or Ctrl-C. The searches are not pinned: they compete with it as any process on a busy machine does. Each
-search starts from the cost model the previous one left in the cache (the searcher rescales it to the times it
+search starts from the cost model the previous one left in the cache (the searcher refits it to the times it
 observes, see ``docs/performance.md#time-budgets``), as successive searches on the machine would.
 
 Default: the embedded sample's dev queries (``--max-queries 200``) reranked by the shipped cross-encoder (it reads

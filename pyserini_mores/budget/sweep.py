@@ -170,7 +170,7 @@ def run_sweep(searchers: dict[str, Any], topics: dict[str, str], qrels: dict[str
             bar.update(1)
     bar.close()
 
-    # A cost model the searches rescaled to the times they observed (CostDrift) is the one that ended the sweep.
+    # A cost model the searches refitted to the times they observed (CostRefit) is the one that ended the sweep.
     calibrations = {label: getattr(searcher, "calibration", None) or calibrations[label]
                     for label, searcher in searchers.items()}
     rows = []

@@ -6,10 +6,8 @@ import contextlib
 import copy
 import json
 import logging
-import math
 import os
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,19 +40,11 @@ from ..windows import (
     split_texts,
 )
 from .base import Reranker, string_candidates
+from .pacing import QueryPace, paced_batches
 
 logger = logging.getLogger(__name__)
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
-#: Under a deadline, a query's candidates are scored in at least this many batches (fewer only when they would be
-#: smaller than :data:`DEADLINE_MIN_BATCH`), so that stopping between batches can keep close to the deadline.
-DEADLINE_SLICES = 4
-#: ... and no batch is started smaller than this: its per-call overhead would make the time prediction unreliable.
-DEADLINE_MIN_BATCH = 16
-#: Under a deadline a batch is started only when it ends in time at this fraction over the time per candidate
-#: measured so far: batches of a query vary (page faults, allocation, other processes), and the work after the last
-#: one (sorting, the unscored tail) must fit too.
-DEADLINE_SAFETY = 0.2
 
 
 class ModelReranker(Reranker):
@@ -245,23 +235,24 @@ class ModelReranker(Reranker):
         return texts
 
     def rerank_until(self, query: Query | str, texts: list[Text], deadline: float, *,
-                     per_candidate_ms: float | None = None) -> list[Text]:
+                     per_candidate_ms: float | None = None, pace: QueryPace | None = None) -> list[Text]:
         """Rerank the head of ``texts`` (best first, as given) until ``deadline`` (a :func:`time.monotonic` time).
 
-        Candidates are scored batch by batch in their given order; no batch is started that is predicted to end
-        after the deadline: the prediction is the time per candidate of the batches scored so far, or before the
-        first, ``per_candidate_ms`` (e.g. the calibration's; ``None``: start it if time is left). With windows
-        (long documents) the batches, the time per candidate and ``per_candidate_ms`` are per window, and a
-        candidate counts as scored once all its windows are. Returns the texts scored in time — the first
-        ``len(result)`` of ``texts`` — with new scores, best first (ties keep their order), as new ``Text``
-        objects: ``texts`` are not modified. :meth:`rerank` scores them all.
+        Candidates are scored batch by batch in their given order, each batch as large as is predicted to take at most
+        a share of the time left (:func:`~.pacing.paced_batches`): the prediction comes from the batches recorded in
+        ``pace`` (this query's, and earlier queries' when it shares a :class:`~.pacing.BatchPace` with them), or
+        before the first, ``per_candidate_ms`` (e.g. the calibration's; ``None``: start it if time is left); the
+        batches are recorded in ``pace``. With windows (long documents) the batches, the time per candidate and
+        ``per_candidate_ms`` are per window, and a candidate counts as scored once all its windows are. Returns the
+        texts scored in time — the first ``len(result)`` of ``texts`` — with new scores, best first (ties keep their
+        order), as new ``Text`` objects: ``texts`` are not modified. :meth:`rerank` scores them all.
         """
         query = query if isinstance(query, Query) else Query(query)
         texts = copy_candidates(texts)
         if not texts:
             return []
         with torch.inference_mode(), self._autocast():
-            scores = self._scores(query.text, texts, deadline=deadline, per_candidate_ms=per_candidate_ms)
+            scores = self._scores(query.text, texts, deadline=deadline, per_candidate_ms=per_candidate_ms, pace=pace)
         scored = texts[:len(scores)]
         for text, score in zip(scored, scores.tolist()):
             text.score = float(score)
@@ -310,33 +301,56 @@ class ModelReranker(Reranker):
             scores = self._scores(query, texts, from_text=from_text, batch_size=batch_size)
         return scores.numpy().astype(np.float32, copy=False)
 
+    def score_windows(self, query: str, texts: list[Text], *, from_text: bool = False
+                      ) -> tuple[np.ndarray, np.ndarray]:
+        """The score of every window of ``texts`` (all of them, whatever :attr:`aggregate` is) and ``owners [W]``,
+        the position in ``texts`` of each window's document (a document's windows consecutive, its first first):
+        what an aggregation turns into one score per candidate (:func:`~pyserini_mores.windows.aggregate_scores`)."""
+        if not texts:
+            return np.zeros(0, dtype=np.float32), np.zeros(0, dtype=np.int64)
+        with torch.inference_mode(), self._autocast():
+            window_scores, owners = self._window_scores(query, texts, how="maxp", from_text=from_text)
+        return window_scores.numpy().astype(np.float32, copy=False), owners
+
     def _scores(self, query: str, texts: list[Text], *, deadline: float | None = None,
-                per_candidate_ms: float | None = None, from_text: bool = False,
+                per_candidate_ms: float | None = None, pace: QueryPace | None = None, from_text: bool = False,
                 batch_size: int | None = None) -> torch.Tensor:
         """Scores of ``texts`` (from their text when ``from_text`` or without a sidecar), their windows scored in
         batches of ``batch_size`` (default: :attr:`batch_size`) windows and aggregated (:attr:`aggregate`); under a
         ``deadline`` (see :meth:`rerank_until`) of their first ``len(result)``, those whose windows were all
         scored."""
+        window_scores, owners = self._window_scores(query, texts, how=self.aggregate, deadline=deadline,
+                                                    per_candidate_ms=per_candidate_ms, pace=pace,
+                                                    from_text=from_text, batch_size=batch_size)
+        return self._aggregated(window_scores, owners, len(texts))
+
+    def _window_scores(self, query: str, texts: list[Text], *, how: str, deadline: float | None = None,
+                       per_candidate_ms: float | None = None, pace: QueryPace | None = None, from_text: bool = False,
+                       batch_size: int | None = None) -> tuple[torch.Tensor, np.ndarray]:
+        """``(window_scores, owners)`` of ``texts`` for aggregation ``how``: only each candidate's first window for
+        ``firstp``, the head's inputs ``[W, n]`` for ``avgcls``; under a ``deadline`` the first ``len(window_scores)``
+        windows (see :meth:`_scores`)."""
         model = self.scoring_model
         batch_size = batch_size or self.batch_size
-        cls = self.aggregate == "avgcls"
+        cls = how == "avgcls"
         if model.store_width is None or self.sidecar is None or from_text:
-            pieces, owners = self._window_texts([_require_text(text, self.name) for text in texts])
-            batches = self._batches(len(pieces), deadline, per_candidate_ms, batch_size)
+            pieces, owners = self._window_texts([_require_text(text, self.name) for text in texts],
+                                                first_only=how == "firstp")
+            batches = self._batches(len(pieces), deadline, per_candidate_ms, batch_size, pace)
             if model.store_width is None:
                 score = model.text_cls if cls else model.score_texts
                 window_scores = _concat([score(query, pieces[start:stop]).float().cpu() for start, stop in batches])
             else:
                 query_state = model.encode_query(self._on_device(model.tokenize_queries([query])))
                 window_scores = self._score_from_text(query_state, pieces, batches, cls)
-            return self._aggregated(window_scores, owners, len(texts))
+            return window_scores, owners
         rows = self._sidecar_rows(texts)
         if deadline is not None:
             # What overshoots a deadline is cold reads, one page fault at a time: issue them all now, so that they
             # overlap each other, the query's encoding and the first batches (a warm sidecar pays a page look-up
             # per page, ~7 µs per MaxSim row, which is why this is not done without a deadline).
             self.sidecar.prefetch(rows)
-        starts, lengths_of_windows, owners = self.sidecar.window_spans(rows, first_only=self.aggregate == "firstp")
+        starts, lengths_of_windows, owners = self.sidecar.window_spans(rows, first_only=how == "firstp")
         query_state = model.encode_query(self._on_device(model.tokenize_queries([query])))
         width = (model.config.encoder.hidden_size,) if cls else ()
         window_scores = torch.empty((len(starts), *width))
@@ -347,7 +361,7 @@ class ModelReranker(Reranker):
             chunks = (order[start:start + batch_size] for start in range(0, len(order), batch_size))
         else:
             chunks = (start + np.argsort(lengths_of_windows[start:stop], kind="stable")
-                      for start, stop in self._batches(len(starts), deadline, per_candidate_ms, batch_size))
+                      for start, stop in self._batches(len(starts), deadline, per_candidate_ms, batch_size, pace))
         buffer = self._batch_buffer()
         score = model.score_cls if cls else model.score
         scored = 0
@@ -358,17 +372,17 @@ class ModelReranker(Reranker):
                                              heads=model.stored_heads)
             window_scores[torch.from_numpy(chunk)] = score(query_state, docs, lengths).float().cpu()
             scored += len(chunk)
-        return self._aggregated(window_scores[:scored], owners, len(texts))
+        return window_scores[:scored], owners
 
-    def _window_texts(self, documents: list[str]) -> tuple[list[str], np.ndarray]:
-        """The texts of ``documents``' windows (:attr:`text_windows`; only each one's first under ``firstp``) and
-        ``owners``, each window's document."""
+    def _window_texts(self, documents: list[str], first_only: bool = False) -> tuple[list[str], np.ndarray]:
+        """The texts of ``documents``' windows (:attr:`text_windows`; only each one's first when ``first_only``)
+        and ``owners``, each window's document."""
         options = self.text_windows
         if not options.windowed:
             return documents, np.arange(len(documents), dtype=np.int64)
         with self.model.tokenizer_lock:  # a shared fast tokenizer's truncation is set per call (see call_tokenizer)
             pieces, owners = split_texts(documents, self.model.tokenizer, self.capacity, options)
-        if self.aggregate == "firstp":
+        if first_only:
             first = np.flatnonzero(np.diff(owners, prepend=-1) != 0)
             return [pieces[i] for i in first], owners[first]
         return pieces, owners
@@ -395,11 +409,11 @@ class ModelReranker(Reranker):
                                 .astype(np.float32))
 
     def _batches(self, count: int, deadline: float | None, per_candidate_ms: float | None,
-                 batch_size: int | None = None) -> Iterator[tuple[int, int]]:
+                 batch_size: int | None = None, pace: QueryPace | None = None) -> Iterator[tuple[int, int]]:
         batch_size = batch_size or self.batch_size
         if deadline is None:
             return ((start, min(count, start + batch_size)) for start in range(0, count, batch_size))
-        return paced_batches(count, batch_size, deadline, per_candidate_ms)
+        return paced_batches(count, batch_size, deadline, per_candidate_ms, pace=pace)
 
     def release_memory(self) -> None:
         """Drop every thread's batch memory (see the class docstring); the next batch allocates afresh."""
@@ -556,37 +570,6 @@ def _warn_on_build_precision(sidecar, precision: str, name: str) -> None:
         "a from-text fp32 run only to bf16 accuracy. For fp32-exact scores rebuild it with `python -m "
         "pyserini_mores.sidecar build --precision fp32 --overwrite` (and the same --index, --reranker, --model and "
         "--output)", name, sidecar.path)
-
-
-def paced_batches(count: int, batch_size: int, deadline: float, per_candidate_ms: float | None = None
-                  ) -> Iterator[tuple[int, int]]:
-    """``(start, stop)`` batches over ``count`` candidates in order, none started that is predicted to end after
-    ``deadline`` (:func:`time.monotonic`). The consumer scores a batch before asking for the next one, so the time
-    between two requests is what the batch cost.
-
-    The prediction is the time per candidate measured in this call — the slower of the mean so far and the last
-    batch, so that a slowing (cold pages, a busy machine) counts at once — with :data:`DEADLINE_SAFETY` added. Before
-    any measurement it is ``per_candidate_ms`` (a warm calibration's), and the first batch is only a probe of
-    :data:`DEADLINE_MIN_BATCH` candidates: on a cold sidecar the first reads cost many times what the calibration
-    measured. Batches are at most ``batch_size`` and, so that stopping between them keeps close to the deadline, a
-    :data:`DEADLINE_SLICES`-th of ``count`` (not below :data:`DEADLINE_MIN_BATCH`); the last one that fits may be
-    shortened to what the time left allows."""
-    size = max(1, min(batch_size, max(DEADLINE_MIN_BATCH, math.ceil(count / DEADLINE_SLICES))))
-    seconds_per_candidate = max(per_candidate_ms or 0.0, 0.0) / 1000
-    spent, done, start = 0.0, 0, 0
-    while start < count:
-        now = time.monotonic()
-        left = deadline - now
-        wanted = min(size if done else min(size, DEADLINE_MIN_BATCH), count - start)
-        predicted = seconds_per_candidate * (1 + DEADLINE_SAFETY)
-        affordable = left / predicted if predicted > 0 else math.inf
-        fitting = wanted if affordable >= wanted else int(affordable)
-        if left <= 0 or fitting < min(wanted, DEADLINE_MIN_BATCH):
-            return
-        yield start, start + fitting
-        took = time.monotonic() - now
-        spent, done, start = spent + took, done + fitting, start + fitting
-        seconds_per_candidate = max(spent / done, took / fitting)
 
 
 def _default_model(model_type: str) -> str:

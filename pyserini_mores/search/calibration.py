@@ -16,11 +16,12 @@ so a depth is chosen only where the measurements say it fits. Calibration runs w
 :meth:`~.searcher.RerankingSearcher.rerank_hits`) keeps a query within its budget when a cold page cache or a longer
 query makes it slower than predicted.
 
-A machine's speed changes after its calibration (other processes start or stop): the searcher compares every budgeted
-query's rerank time with the model's prediction (:class:`CostDrift`), and when they drift apart rescales the model to
-what it observes and saves it in the cache (:meth:`Calibration.rescaled`), so that the depths follow and the next
-search starts from it. A model whose depth for a budget is 0 is reported, never applied silently: nothing is then
-reranked, so nothing is observed to correct it, and only ``--recalibrate`` measures it again.
+A machine's speed changes after its calibration (other processes start or stop): the searcher splits every budgeted
+query's rerank time into its fixed cost and its batches' time per candidate (:class:`CostRefit`), and when their
+recent medians drift from the model refits the model's line to them and saves it in the cache
+(:meth:`Calibration.refitted`), so that the depths follow and the next search starts from it. A model whose depth
+for a budget is 0 is reported, never applied silently: nothing is then reranked, so nothing is observed to correct
+it, and only ``--recalibrate`` measures it again.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ import re
 import socket
 import statistics
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,13 +61,14 @@ QUERY_WORDS = 6
 NOISY_FIT = 0.5
 #: ... among the medians of at least this many ms (shorter timings are all jitter, and harmless).
 NOISE_FLOOR_MS = 2.0
-#: Observed rerank times are followed as an exponentially weighted mean of their ratio to the prediction (in logs, so
-#: that twice as slow and twice as fast weigh alike), each query weighing this much ...
-DRIFT_WEIGHT = 0.2
-#: ... and once this many queries are observed, a mean ratio beyond this factor either way rescales the model.
-DRIFT_FACTOR = 1.5
+#: Observed rerank times refit the cost model: the medians, over the last this many budgeted queries (odd: a full
+#: window's median is one query's, not a mean of two), of each query's time outside its scoring batches (the fixed
+#: cost) and of its batches' time per candidate ...
+REFIT_WINDOW = 15
+#: ... once this many queries are counted, and the refit line is off by more than this factor either way from the
+#: model's (at one candidate, or at the median number of candidates the queries scored).
+DRIFT_FACTOR = 1.15
 DRIFT_MIN_QUERIES = 8
-
 
 @dataclass(frozen=True)
 class Calibration:
@@ -79,9 +82,9 @@ class Calibration:
         max_candidates: the largest size the measurement planned for (a cache entry serves rerank depths up to it).
         key: what the measurement depends on (reranker, model, precision, device, batch size, threads, machine, index).
         measured_at: ISO timestamp of the measurement.
-        scale: how much slower (> 1) or faster than measured searches were observed to rerank: every cost above is
-            the measured one times this (:meth:`rescaled`); 1 as measured.
-        rescaled_at: ISO timestamp of the last rescaling ("" when none).
+        scale: how much slower (> 1) or faster than measured searches were observed to rerank, at the number of
+            candidates they scored: the product of the refits' ratios (:meth:`refitted`); 1 as measured.
+        rescaled_at: ISO timestamp of the last refit ("" when none).
     """
 
     fixed_ms: float
@@ -101,14 +104,23 @@ class Calibration:
         if not (math.isfinite(self.scale) and self.scale > 0):
             raise ValueError(f"scale must be a finite number > 0, not {self.scale}")
 
-    def rescaled(self, factor: float) -> "Calibration":
-        """This model with every cost (line and measured points) ``factor`` times as large: what searches observed
-        when the machine's speed changed after the measurement (:class:`CostDrift`)."""
-        if not (math.isfinite(factor) and factor > 0):
-            raise ValueError(f"a cost model is rescaled by a finite factor > 0, not {factor}")
+    def refitted(self, fixed_ms: float, per_candidate_ms: float, at: int) -> "Calibration":
+        """This model with the line ``fixed_ms + per_candidate_ms * n``, what searches observed when the machine's
+        speed changed after the measurement (:class:`CostRefit`). Each measured point moves with the line (times
+        the ratio of the new line to the old at its size), so that the points still bound the prediction from below
+        as measured; :attr:`scale` is multiplied by the ratio of the new line to the old at ``at`` candidates (the
+        number the observed queries scored)."""
+        for name, value in (("fixed_ms", fixed_ms), ("per_candidate_ms", per_candidate_ms)):
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"a cost model is refitted to a {name} that is a finite number >= 0, not {value}")
+        refit = dataclasses.replace(self, fixed_ms=fixed_ms, per_candidate_ms=per_candidate_ms)
+
+        def ratio(candidates: int) -> float:
+            before, after = self.line_ms(candidates), refit.line_ms(candidates)
+            return after / before if before > 0 and after > 0 else 1.0
+
         return dataclasses.replace(
-            self, fixed_ms=self.fixed_ms * factor, per_candidate_ms=self.per_candidate_ms * factor,
-            points=tuple((n, ms * factor) for n, ms in self.points), scale=self.scale * factor,
+            refit, points=tuple((n, ms * ratio(n)) for n, ms in self.points), scale=self.scale * ratio(max(at, 1)),
             rescaled_at=datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
 
     def line_ms(self, candidates: int) -> float:
@@ -199,40 +211,68 @@ class Calibration:
                    default=0.0)
 
     def describe(self) -> str:
-        observed = "" if self.scale == 1.0 else f" ({self.scale:.3g}x as measured, rescaled to observed times)"
+        observed = "" if self.scale == 1.0 else f" ({self.scale:.3g}x as measured, refitted to observed times)"
         return f"{self.fixed_ms:.3g} ms + {self.per_candidate_ms:.3g} ms/candidate{observed}"
 
 
-class CostDrift:
-    """Rerank times observed against a cost model: an exponentially weighted mean (:data:`DRIFT_WEIGHT`) of
-    ``log(observed / predicted)`` over queries. :meth:`observe` returns the factor to rescale the model by once
-    :data:`DRIFT_MIN_QUERIES` queries say it is off by more than :data:`DRIFT_FACTOR` either way, and starts afresh.
+class CostRefit:
+    """Rerank times observed against a cost model, each budgeted query split into its fixed cost (the rerank stage's
+    time outside its scoring batches: text fetch, query encoding, sorting) and its batches' time per candidate. The
+    medians of each over the last :data:`REFIT_WINDOW` queries are the line the machine shows now: robust to a few
+    queries caught by a burst of load, and each coefficient followed on its own, since load slows them unequally.
+    :meth:`observe` returns the refitted model once :data:`DRIFT_MIN_QUERIES` queries are counted and that line is off
+    by more than :data:`DRIFT_FACTOR` either way from the model's, at one candidate or at the median number scored.
 
-    The prediction is the model's for the candidates scored (a query the deadline stopped counts those it scored);
-    a query whose observed and predicted times are both under :data:`NOISE_FLOOR_MS` is not counted (jitter).
+    A query that scored nothing counts for the fixed cost only; one whose observed and predicted times are both under
+    :data:`NOISE_FLOOR_MS` is not counted (jitter).
     """
 
-    def __init__(self, weight: float = DRIFT_WEIGHT, factor: float = DRIFT_FACTOR,
+    def __init__(self, window: int = REFIT_WINDOW, factor: float = DRIFT_FACTOR,
                  min_queries: int = DRIFT_MIN_QUERIES):
-        self.weight, self.factor, self.min_queries = weight, factor, min_queries
-        self.mean_log_ratio, self.queries = 0.0, 0
+        if window < 1 or min_queries < 1 or not factor > 1:
+            raise ValueError(f"a refit needs window >= 1, min_queries >= 1 and factor > 1, not {window}, "
+                             f"{min_queries} and {factor}")
+        self.factor, self.min_queries = factor, min_queries
+        self.fixed_ms: deque[float] = deque(maxlen=window)
+        self.per_candidate_ms: deque[float] = deque(maxlen=window)
+        self.scored: deque[int] = deque(maxlen=window)
 
-    def observe(self, calibration: Calibration, scored: int, rerank_ms: float) -> float | None:
-        """Count one query that scored ``scored`` candidates in ``rerank_ms``; the factor to rescale
-        ``calibration`` by (:meth:`Calibration.rescaled`) when it has drifted, else ``None``."""
-        predicted = calibration.predict_ms(scored)
-        if scored <= 0 or max(predicted, rerank_ms) < NOISE_FLOOR_MS or predicted <= 0 or rerank_ms <= 0:
+    @property
+    def queries(self) -> int:
+        """Queries counted in the window."""
+        return len(self.fixed_ms)
+
+    def observe(self, calibration: Calibration, scored: int, rerank_ms: float,
+                batch_ms: float | None) -> tuple[Calibration, float] | None:
+        """Count one query that scored ``scored`` candidates in batches taking ``batch_ms`` of its ``rerank_ms``
+        (``None``: not timed apart, as from a reranker that does not pace its batches; then split as the model
+        splits its prediction); the refitted model and its ratio to ``calibration`` at the median number scored (the
+        warning's "x times") when the observations have drifted from ``calibration``, else ``None``."""
+        if max(calibration.predict_ms(scored), rerank_ms) < NOISE_FLOOR_MS or rerank_ms < 0:
             return None
-        ratio = math.log(rerank_ms / predicted)
-        # Started at the first observation, not at 0: one query is not averaged with an imagined agreement.
-        self.mean_log_ratio = ratio if self.queries == 0 else \
-            (1 - self.weight) * self.mean_log_ratio + self.weight * ratio
-        self.queries += 1
-        if self.queries < self.min_queries or abs(self.mean_log_ratio) <= math.log(self.factor):
+        if batch_ms is None:
+            line = calibration.line_ms(scored)
+            batch_ms = rerank_ms * calibration.per_candidate_ms * scored / line if line > 0 else rerank_ms
+        batch_ms = min(max(batch_ms, 0.0), rerank_ms)
+        self.fixed_ms.append(rerank_ms - batch_ms)
+        if scored > 0:
+            self.per_candidate_ms.append(batch_ms / scored)
+            self.scored.append(scored)
+        if self.queries < self.min_queries or not self.per_candidate_ms:
             return None
-        factor = math.exp(self.mean_log_ratio)
-        self.mean_log_ratio, self.queries = 0.0, 0
-        return factor
+        # To the nanosecond: finer digits are the clock's rounding, and would tip a depth that fits exactly.
+        fixed, per_candidate = (round(statistics.median(values), 6) for values in (self.fixed_ms,
+                                                                                  self.per_candidate_ms))
+        at = max(1, round(statistics.median(self.scored)))
+        ratios = []
+        for candidates in (1, at):
+            before, after = calibration.line_ms(candidates), fixed + per_candidate * candidates
+            if max(before, after) >= NOISE_FLOOR_MS:
+                ratios.append(after / before if before > 0 else math.inf)
+        if all(1 / self.factor <= ratio <= self.factor for ratio in ratios):
+            return None
+        refitted = calibration.refitted(fixed, per_candidate, at)
+        return refitted, refitted.line_ms(at) / calibration.line_ms(at) if calibration.line_ms(at) > 0 else math.inf
 
 
 def _fit_line(points: Sequence[tuple[int, float]]) -> tuple[float, float]:

@@ -19,6 +19,7 @@ from ..index import ResolvedIndex, fetch_texts, index_identity, open_searcher, r
 from ..models.loading import shipped_model_path
 from ..rerankers import Reranker, get_reranker
 from ..rerankers.options import RerankerOptions
+from ..rerankers.pacing import BatchPace, QueryPace
 from ..sidecar import SidecarContentMismatchError, default_sidecar_path, open_sidecar
 from ..types import (
     Query,
@@ -29,7 +30,7 @@ from ..types import (
     hits_to_texts,
     texts_to_hits,
 )
-from .calibration import Calibration, CostDrift, calibrate, save_calibration
+from .calibration import Calibration, CostRefit, calibrate, save_calibration
 from .first_stage import (
     Dense,
     Hybrid,
@@ -116,8 +117,8 @@ class RerankingSearcher:
             (:meth:`calibrate`).
         enforce_deadline: under a finite budget, also stop scoring at the budget's deadline (see
             :meth:`rerank_hits`), so that queries slower than predicted (a cold page cache, a busy machine) keep
-            within it, and follow the rerank times observed: a cost model measured by :meth:`calibrate` is rescaled
-            (and saved) when they drift from it (:class:`~.calibration.CostDrift`). ``False``: the depth from the
+            within it, and follow the rerank times observed: a cost model measured by :meth:`calibrate` is refitted
+            (and saved) when they drift from it (:class:`~.calibration.CostRefit`). ``False``: the depth from the
             cost model only, so runs do not depend on timing (the same on any number of threads, run after run).
         interpolate: ``alpha`` in [0, 1] — the reranked hits' scores become ``alpha`` × the reranker's plus
             ``1 − alpha`` × the first stage's, each min–max normalised per query (:mod:`.fusion`); ``None`` (the
@@ -181,10 +182,11 @@ class RerankingSearcher:
         self.interpolate = stage.interpolate
         self.calibration: Calibration | None = calibration
         self._calibrating = threading.Lock()  # one measurement when several threads meet an uncalibrated budget
-        self._drift: CostDrift | None = None  # set by calibrate(): a cost model handed in is the caller's to keep
+        self._drift: CostRefit | None = None  # set by calibrate(): a cost model handed in is the caller's to keep
+        self._pace = BatchPace()  # the times of recent scoring batches under a deadline, which pace the next ones
         self._calibration_cache: str | os.PathLike | None = None
         self._warned_depth_zero: set[float] = set()
-        self._rescales = 0  # how often this searcher rescaled its cost model (the first is a warning)
+        self._refits = 0  # how often this searcher refitted its cost model (the first is a warning)
         self.reranker = reranker if reranker_options is None else \
             get_reranker(reranker_options.name, **reranker_options.factory_kwargs())
         self.sidecar_path: Path | None = None
@@ -394,29 +396,32 @@ class RerankingSearcher:
         budget = self.time_budget_ms if time_budget_ms is SEARCHER_BUDGET else time_budget_ms
         head = hits[:depth]
         started = time.perf_counter()
-        deadline = None
+        deadline, pace = None, None
         if head and self.enforce_deadline and budget is not None and math.isfinite(budget):
-            deadline = time.monotonic() + budget / 1000
-        reranked = self.rerank_candidates(query, head, deadline=deadline)
+            deadline, pace = time.monotonic() + budget / 1000, self._pace.query()
+        reranked = self.rerank_candidates(query, head, deadline=deadline, pace=pace)
         # With nothing to rerank the rerank stage does not run: 0 ms, not the cost of a function call.
         rerank_ms = (time.perf_counter() - started) * 1000 if head else 0.0
         scored = len(reranked)
         if deadline is not None:
-            self._observe_cost(scored, rerank_ms)
+            # A reranker that does not pace its batches (no rerank_until) leaves its time unsplit.
+            self._observe_cost(scored, rerank_ms, pace.seconds * 1000 if pace.batches or not scored else None)
         ranked = reranked + _below(reranked, first_stage_hits(hits[scored:]), start_rank=scored + 1)
         for hit in ranked:  # read from the index if asked for, as LuceneSearcher's hits carry it
             hit.attach_document(reader=self._lucene_document)
         return ranked, RerankStats(candidates=len(hits), depth=depth, rerank_ms=rerank_ms, scored=scored,
                                    deadline_cut=scored < depth)
 
-    def rerank_candidates(self, query: str, hits: Sequence, *, deadline: float | None = None) -> list[RerankedHit]:
+    def rerank_candidates(self, query: str, hits: Sequence, *, deadline: float | None = None,
+                          pace: QueryPace | None = None) -> list[RerankedHit]:
         """Every one of ``hits`` reranked, best first: the rerank stage a time budget pays for (text fetch when the
         reranker needs text, query encoding, sidecar reads, scoring, sorting), and what the calibration times.
 
         With a ``deadline`` (a :func:`time.monotonic` time), a reranker that can stop between batches
         (``rerank_until``) scores ``hits`` in their order until no further batch is predicted to fit, from the
-        time its batches took so far (before the first: the calibration's cost per candidate); only the first
-        ``len(result)`` of ``hits``, those scored in time, are returned. Other rerankers score every hit.
+        time recent batches took (``pace``'s; before the first: the calibration's cost per candidate), and records
+        its batches in ``pace``; only the first ``len(result)`` of ``hits``, those scored in time, are returned.
+        Other rerankers score every hit.
         """
         if not hits:
             return []
@@ -428,37 +433,39 @@ class RerankingSearcher:
             ranked = self.reranker.rerank(Query(query), candidates)
         else:
             per_candidate_ms = self.calibration.per_candidate_ms if self.calibration is not None else None
-            ranked = rerank_until(Query(query), candidates, deadline, per_candidate_ms=per_candidate_ms)
+            ranked = rerank_until(Query(query), candidates, deadline, per_candidate_ms=per_candidate_ms,
+                                  pace=pace if pace is not None else self._pace.query())
         if self.interpolate is not None:
             ranked = interpolate(ranked, self.interpolate)
         return texts_to_hits(ranked)
 
     def calibrate(self, recalibrate: bool = False, **options) -> Calibration:
         """The reranker's cost model on this machine (from the cache, else measured); ``options`` go to
-        :func:`.calibration.calibrate`. Kept in :attr:`calibration`, and from now on rescaled (and saved in the
+        :func:`.calibration.calibrate`. Kept in :attr:`calibration`, and from now on refitted (and saved in the
         cache) when budgeted queries observe times that drift from it (see ``enforce_deadline``)."""
         self.calibration = calibrate(self, recalibrate=recalibrate, **options)
-        self._drift, self._calibration_cache = CostDrift(), options.get("cache_dir")
+        self._drift, self._calibration_cache = CostRefit(), options.get("cache_dir")
         return self.calibration
 
-    def _observe_cost(self, scored: int, rerank_ms: float) -> None:
-        """Count a budgeted query's rerank time against the cost model; rescale and save the model when the times
-        have drifted from it (:class:`~.calibration.CostDrift`)."""
+    def _observe_cost(self, scored: int, rerank_ms: float, batch_ms: float | None) -> None:
+        """Count a budgeted query's rerank time (``batch_ms`` of it in scoring batches, ``None`` when not timed
+        apart) against the cost model; refit and save the model when the times have drifted from it
+        (:class:`~.calibration.CostRefit`)."""
         if self._drift is None or self.calibration is None:
             return
         with self._calibrating:
-            factor = self._drift.observe(self.calibration, scored, rerank_ms)
-            if factor is None:
+            refit = self._drift.observe(self.calibration, scored, rerank_ms, batch_ms)
+            if refit is None:
                 return
             before = self.calibration.describe()
-            self.calibration = self.calibration.rescaled(factor)
+            self.calibration, ratio = refit
             path = save_calibration(self.calibration, self._calibration_cache)
-            self._rescales += 1
-        # The first rescale tells the user the machine is not as fast as when it was measured; under a load that
+            self._refits += 1
+        # The first refit tells the user the machine is not as fast as when it was measured; under a load that
         # keeps changing, the later ones would repeat that every few queries, so they are logged at INFO (-v).
-        log = logger.warning if self._rescales == 1 else logger.info
+        log = logger.warning if self._refits == 1 else logger.info
         log("rerank times of %s are %.2fx what its cost model predicts (%s) over the last queries: the model is now "
-            "%s, saved to %s (--recalibrate measures it again)", self.reranker.name, factor, before,
+            "%s, saved to %s (--recalibrate measures it again)", self.reranker.name, ratio, before,
             self.calibration.describe(), path)
 
     def depth_for(self, num_hits: int, time_budget_ms: float | None | _SearcherBudget = SEARCHER_BUDGET) -> int:

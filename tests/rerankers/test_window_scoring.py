@@ -158,6 +158,19 @@ def test_window_scores_from_text_are_aggregated_as_by_hand(kind, models, documen
             assert not np.allclose(scores, firstp)  # the later windows count
 
 
+@pytest.mark.parametrize("kind", ["mores-s1", "cross-encoder"])
+def test_score_windows_gives_every_window_whatever_the_aggregation(kind, models, documents):
+    model = models[kind]
+    pieces, owners = split_texts(documents, model.tokenizer, document_capacity(model), WINDOWS)
+    by_hand = np.array([float(_direct(model, [piece])[0]) for piece in pieces])
+    for how in ("firstp", "maxp"):
+        reranker = ModelReranker(model, aggregate=how, windows=WINDOWS, batch_size=4, device="cpu")
+        texts = [Text(text, {"docid": f"d{i}"}) for i, text in enumerate(documents)]
+        window_scores, window_owners = reranker.score_windows(QUERY, texts)
+        np.testing.assert_array_equal(window_owners, owners)
+        np.testing.assert_allclose(window_scores, by_hand, rtol=1e-5, atol=1e-5)
+
+
 def _head_on_mean(model, documents: list[str]) -> np.ndarray:
     """The head, by hand, on the mean of each document's windows' [CLS] vectors (each window read alone)."""
     pieces, owners = split_texts(documents, model.tokenizer, document_capacity(model), WINDOWS)

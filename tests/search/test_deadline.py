@@ -14,8 +14,8 @@ import pytest
 
 from pyserini_mores.budget.sweep import format_tsv, run_sweep
 from pyserini_mores.index import open_searcher
-from pyserini_mores.rerankers import learned
-from pyserini_mores.rerankers.learned import paced_batches
+from pyserini_mores.rerankers import learned, pacing
+from pyserini_mores.rerankers.pacing import paced_batches
 from pyserini_mores.search import RerankingSearcher
 from pyserini_mores.search import searcher as searcher_module
 from pyserini_mores.search.calibration import Calibration
@@ -51,7 +51,7 @@ def slow_searcher(request, tiny_index, tiny_maxsim_dir, maxsim_sidecar, monkeypa
     clock = [0.0]
     fake_time = types.SimpleNamespace(monotonic=lambda: clock[0], perf_counter=lambda: clock[0])
     monkeypatch.setattr(searcher_module, "time", fake_time)
-    monkeypatch.setattr(learned, "time", fake_time)
+    monkeypatch.setattr(pacing, "time", fake_time)
 
     def slow_score(*args, **kwargs):
         clock[0] += BATCH_COST_S
@@ -59,7 +59,7 @@ def slow_searcher(request, tiny_index, tiny_maxsim_dir, maxsim_sidecar, monkeypa
 
     monkeypatch.setattr(model, "score", slow_score, raising=False)
     # Batches of 2 are what the test times; the package's floor on batch size under a deadline would merge them.
-    monkeypatch.setattr(learned, "DEADLINE_MIN_BATCH", 1)
+    monkeypatch.setattr(pacing, "DEADLINE_PROBE", 1)
     yield searcher
     searcher.close()
 
@@ -89,9 +89,9 @@ def test_a_deadline_stops_the_scoring_and_keeps_bm25_order_below(slow_searcher, 
             scores = [hit.score for hit in hits]
             assert scores == sorted(scores, reverse=True) and len(set(scores)) == len(scores)
             assert [hit.first_stage_rank for hit in hits[scored:]] == list(range(scored + 1, len(bm25) + 1))
-    # Every query ends within the budget: a probe of one candidate (20 ms), then one more (20 ms at the probe's
-    # 20 ms per candidate with the safety fits the 40 ms left), then nothing fits the 20 ms left.
-    assert times == pytest.approx([2 * BATCH_COST_S * 1000] * len(times))
+    # Every query ends at the budget: a probe of one candidate (20 ms), then one more (20 ms, half the 40 ms left),
+    # then a last one that fits the 20 ms left (no batch of several fits half of it).
+    assert times == pytest.approx([3 * BATCH_COST_S * 1000] * len(times))
     assert cut == len(times)
 
 
@@ -110,17 +110,17 @@ def test_without_the_deadline_the_budget_only_chooses_the_depth(slow_searcher, l
     assert stats.rerank_ms > BUDGET_MS
 
 
-def _paced(monkeypatch, cost_per_candidate=lambda start: 1.0):
-    """``run(count, batch_size, deadline, per_candidate_ms)`` on a fake clock starting at 100 s, where candidate
-    ``i`` costs ``cost_per_candidate(i)`` s; returns the batches and the time each ended."""
+def _paced(monkeypatch, cost_per_candidate=lambda start: 1.0, probe=1):
+    """``run(count, batch_size, deadline, per_candidate_ms, pace=None)`` on a fake clock starting at 100 s, where
+    candidate ``i`` costs ``cost_per_candidate(i)`` s; returns the batches and the time each ended."""
     clock = [100.0]
-    monkeypatch.setattr(learned.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(learned, "DEADLINE_MIN_BATCH", 1)
+    monkeypatch.setattr(pacing.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(pacing, "DEADLINE_PROBE", probe)
 
-    def run(count, batch_size, deadline, per_candidate_ms=None):
+    def run(count, batch_size, deadline, per_candidate_ms=None, pace=None):
         clock[0] = 100.0
         batches, ends = [], []
-        for start, stop in paced_batches(count, batch_size, deadline, per_candidate_ms):
+        for start, stop in paced_batches(count, batch_size, deadline, per_candidate_ms, pace=pace):
             batches.append((start, stop))
             clock[0] += sum(cost_per_candidate(i) for i in range(start, stop))
             ends.append(clock[0])
@@ -129,18 +129,34 @@ def _paced(monkeypatch, cost_per_candidate=lambda start: 1.0):
     return run
 
 
-def test_paced_batches_start_no_batch_that_would_end_after_the_deadline(monkeypatch):
-    """Every candidate costs 1 s; a batch starts only when it ends in time with DEADLINE_SAFETY to spare."""
+def test_paced_batches_start_no_batch_predicted_to_take_over_half_the_time_left(monkeypatch):
+    """Every candidate costs 1 s; a batch of several starts only when it is predicted to take at most half the time
+    left, so batches shrink toward the deadline, down to one candidate, which may take all the time left."""
     run = _paced(monkeypatch)
-    assert pytest.approx(0.2) == learned.DEADLINE_SAFETY
-    # A probe of one candidate first, then batches of 2 while 2 × 1.2 s fit; 1 s left fits no candidate at 1.2 s.
-    assert run(20, 2, 110.0, per_candidate_ms=1000.0)[0] == [(0, 1), (1, 3), (3, 5), (5, 7), (7, 9)]
-    # A batch that does not fit whole is shortened to what the time left allows (4 s left: 3 candidates).
-    assert run(20, 4, 109.0, per_candidate_ms=1000.0)[0] == [(0, 1), (1, 5), (5, 8)]
+    assert pytest.approx(0.5) == pacing.DEADLINE_SHARE
+    # A probe of one candidate first, then batches of 2 while 2 s fit half the time left; then single candidates
+    # while 1 s fits half of it, and a last one in the last 1 s.
+    assert run(20, 2, 110.0, per_candidate_ms=1000.0) == (
+        [(0, 1), (1, 3), (3, 5), (5, 7), (7, 8), (8, 9), (9, 10)],
+        [101.0, 103.0, 105.0, 107.0, 108.0, 109.0, 110.0])
+    # A batch that does not fit whole is shortened to what half the time left allows (8 s left: 4 candidates).
+    assert run(20, 4, 109.0, per_candidate_ms=1000.0)[0] == [(0, 1), (1, 5), (5, 7), (7, 8), (8, 9)]
+    # Less than one candidate's time left: nothing more is started.
+    assert run(20, 2, 100.5, per_candidate_ms=1000.0)[0] == []
     # No time left: nothing is started, even with no prediction.
     assert run(20, 2, 100.0)[0] == []
     # Batches are at most a DEADLINE_SLICES-th of the candidates, so that stopping between them keeps close.
     assert run(8, 250, math.inf)[0] == [(0, 1), (1, 3), (3, 5), (5, 7), (7, 8)]
+
+
+def test_paced_batches_give_up_no_depth_at_a_steady_pace(monkeypatch):
+    """At 1 s per candidate, a deadline ``T`` s away scores ``T`` candidates, whatever the batch size: the batches
+    that shrink toward the deadline lose none of the time."""
+    run = _paced(monkeypatch)
+    for seconds in range(1, 40):
+        for batch_size in (1, 3, 16, 250):
+            batches, ends = run(1000, batch_size, 100.0 + seconds, per_candidate_ms=1000.0)
+            assert batches[-1][1] == seconds and ends[-1] == 100.0 + seconds, (seconds, batch_size)
 
 
 def test_a_warm_calibration_does_not_start_a_cold_first_batch_past_the_deadline(monkeypatch):
@@ -152,11 +168,86 @@ def test_a_warm_calibration_does_not_start_a_cold_first_batch_past_the_deadline(
 
 def test_a_slowing_batch_is_foreseen_from_the_last_batch_not_only_the_mean(monkeypatch):
     """Candidates cost 1 s, then 1.5 s from the 9th on (the pages of later candidates are cold): the mean of
-    everything so far lags behind; the last batch's time and the safety keep every batch within the deadline."""
+    everything so far lags behind; the last batch's time and the share keep every batch within the deadline."""
     run = _paced(monkeypatch, cost_per_candidate=lambda i: 1.0 if i < 8 else 1.5)
     for deadline in (110.0, 111.0, 112.5, 114.0, 117.0):
         batches, ends = run(40, 4, deadline, per_candidate_ms=1000.0)
         assert batches and max(ends) <= deadline, (deadline, batches, ends)
+
+
+def test_a_batch_slowed_mid_way_up_to_twice_what_was_predicted_still_ends_in_time(monkeypatch):
+    """Another process takes a core mid-batch: a third of the candidates cost 1 s to 2 s (seeded), the others 1 s,
+    and the prediction starts at 1 s. No batch of several candidates ends after the deadline; a last single
+    candidate, which may take all the time left, ends at most its own time's excess (< 1 s) after it. A load that
+    slows a batch further than twice can overshoot."""
+    import random
+
+    generator = random.Random(7)
+    costs = [generator.uniform(1.0, 2.0) if generator.random() < 0.3 else 1.0 for _ in range(400)]
+    run = _paced(monkeypatch, cost_per_candidate=lambda i: costs[i], probe=16)
+    for deadline in (101.0, 102.0, 103.5, 107.0, 110.0, 125.0, 160.0):
+        for batch_size in (1, 4, 16, 250):
+            batches, ends = run(400, batch_size, deadline, per_candidate_ms=1000.0)
+            for (start, stop), end in zip(batches, ends):
+                assert end <= deadline if stop - start > 1 else end < deadline + 1.0, (deadline, batches, ends)
+    # Three times slower than predicted is beyond what the share absorbs: the first batch (half the time) overshoots.
+    slower = _paced(monkeypatch, cost_per_candidate=lambda i: 3.0, probe=16)
+    assert max(slower(400, 16, 110.0, per_candidate_ms=1000.0)[1]) > 110.0
+
+
+def test_a_querys_own_slow_batch_counts_at_once_beside_a_window_of_fast_ones(monkeypatch):
+    """Earlier queries left 31 batches at 1 s per candidate; this query's candidates cost 3 s (its pages are cold). One
+    slow batch in the window does not move its 0.95 quantile, but this query's own last batch sets the margin."""
+    shared = pacing.BatchPace()
+    for _ in range(pacing.PACE_WINDOW - 1):
+        shared.record(4, 4.0)
+    run = _paced(monkeypatch, cost_per_candidate=lambda i: 3.0)
+    # The first batch, predicted at 1 s per candidate, takes 12 s of the 20; the next is predicted at 3 s.
+    assert run(40, 4, 120.0, per_candidate_ms=1000.0, pace=shared.query()) == (
+        [(0, 4), (4, 5), (5, 6)], [112.0, 115.0, 118.0])
+
+
+def test_the_spread_of_recent_batches_is_the_margin(monkeypatch):
+    """One batch in five ran 1.5 times as long as the others (1 s per candidate): the prediction of a candidate is
+    the line (1.1 s) times the 0.95 quantile of the batches' ratios to it, i.e. 1.5 s, so that a slow batch like
+    those seen recently still fits; not the mean, which would start a candidate with 1.1 s left."""
+    run = _paced(monkeypatch)
+    shared = pacing.BatchPace()
+    for batch in range(20):
+        shared.record(1, 1.5 if batch % 5 == 0 else 1.0)
+    assert shared.predictor().seconds(1) == pytest.approx(1.5)
+    assert run(10, 1, 101.45, per_candidate_ms=1000.0, pace=shared.query())[0] == []
+    assert run(10, 1, 101.55, per_candidate_ms=1000.0, pace=shared.query())[0] == [(0, 1)]
+
+
+def test_a_shared_pace_carries_the_times_of_earlier_queries_and_their_spread(monkeypatch):
+    """A query that met slow batches (2 s per candidate after a 1 s probe) leaves them in the searcher's pace: the
+    next query predicts from them (no probe; a line through the batches, times their spread), not from the
+    calibration's 0.5 s."""
+    shared = pacing.BatchPace()
+    assert shared.predictor() is None
+    run = _paced(monkeypatch, cost_per_candidate=lambda i: 1.0 if i == 0 else 2.0)
+    first = shared.query()
+    batches, ends = run(100, 250, 120.0, per_candidate_ms=500.0, pace=first)
+    # The second batch, predicted at 1 s per candidate to take half the 19 s left, takes twice that: still in time.
+    assert (batches, ends) == ([(0, 1), (1, 10)], [101.0, 119.0])
+    assert (first.batches, first.candidates, first.seconds) == (2, 10, 19.0)
+    # A line through (1, 1 s) and (9, 18 s): 17/8 s per candidate after an overhead of -1/8 s, so through the
+    # origin instead: 163/82 s per candidate; the 0.95 quantile of the ratios to it is the slower batch's.
+    prediction = shared.predictor()
+    assert (prediction.overhead, prediction.per_candidate) == (0.0, pytest.approx(163 / 82))
+    assert prediction.margin == pytest.approx(18 / (9 * 163 / 82))
+    assert prediction.seconds(5) == pytest.approx(10.0)
+    batches, ends = run(100, 250, 120.0, per_candidate_ms=500.0, pace=shared.query())
+    assert batches[0] == (0, 5) and max(ends) <= 120.0
+    # A line with an overhead: batches of 1 and 3 candidates taking 3 s and 5 s are 2 s + 1 s per candidate.
+    assert pacing.fit_batch_line([(1, 3.0), (3, 5.0), (1, 3.0)]) == (pytest.approx(2.0), pytest.approx(1.0))
+    # The window forgets: PACE_WINDOW batches at 1 s per candidate and the prediction is 1 s per candidate again.
+    for _ in range(pacing.PACE_WINDOW):
+        shared.record(4, 4.0)
+    assert shared.predictor().seconds(1) == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        pacing.BatchPace(quantile=0.0)
 
 
 # ------------------------------------------------------------------------------------------------- calibration
@@ -318,10 +409,11 @@ def _cached_calibration(searcher, cache_dir, **fields) -> Calibration:
     return searcher.calibrate(cache_dir=cache_dir)
 
 
-def test_times_that_drift_from_the_cost_model_rescale_it_and_the_cache(slow_searcher, lucene, tmp_path, caplog):
+def test_times_that_drift_from_the_cost_model_refit_it_and_the_cache(slow_searcher, lucene, tmp_path, caplog):
     """Measured on a quiet machine at 1 ms + 1 ms per candidate, the reranker now takes 20 ms per candidate (the fake
-    clock): every query scores 2 candidates in 40 ms under the deadline, 40/3 of the predicted 3 ms. The eighth such
-    query rescales the model by 40/3, saves it, and the next query's depth is the rescaled model's."""
+    clock moves only in the scoring batches): every query scores 3 candidates in 60 ms under the deadline, all of it in
+    its batches. The eighth such query refits the line to what was observed, 0 ms + 20 ms per candidate (15 times the
+    prediction at the 3 candidates scored), saves it, and the next query's depth is the refitted model's."""
     from pyserini_mores.search.calibration import DRIFT_MIN_QUERIES
 
     cache = tmp_path / "calibration"
@@ -330,46 +422,64 @@ def test_times_that_drift_from_the_cost_model_rescale_it_and_the_cache(slow_sear
     bm25 = lucene.search(QUERIES[0], k=20)
     for query_number in range(1, DRIFT_MIN_QUERIES + 1):
         hits, stats = slow_searcher.rerank_hits(QUERIES[0], bm25)
-        assert (stats.depth, stats.scored, stats.rerank_ms) == (len(bm25), 2, pytest.approx(40.0))
+        assert (stats.depth, stats.scored, stats.rerank_ms) == (len(bm25), 3, pytest.approx(60.0))
         if query_number < DRIFT_MIN_QUERIES:
             assert slow_searcher.calibration is quiet, query_number
-    rescaled = slow_searcher.calibration
-    assert rescaled.scale == pytest.approx(40 / 3)
-    assert (rescaled.fixed_ms, rescaled.per_candidate_ms) == (pytest.approx(40 / 3), pytest.approx(40 / 3))
-    assert rescaled.key == quiet.key and rescaled.measured_at == quiet.measured_at and rescaled.rescaled_at
-    assert "40/3" not in caplog.text and "13.33x what its cost model predicts" in caplog.text
+    refitted = slow_searcher.calibration
+    assert refitted.scale == pytest.approx(15.0)
+    assert (refitted.fixed_ms, refitted.per_candidate_ms) == (pytest.approx(0.0, abs=1e-9), pytest.approx(20.0))
+    assert refitted.key == quiet.key and refitted.measured_at == quiet.measured_at and refitted.rescaled_at
+    assert "15.00x what its cost model predicts" in caplog.text
     assert "--recalibrate measures it again" in caplog.text
-    # The next query reranks as deep as the rescaled model says fits: (60 - 13.3) / 13.3 -> 3 candidates.
+    # The next query reranks as deep as the refitted model says fits: 60 / 20 -> 3 candidates.
     _, stats = slow_searcher.rerank_hits(QUERIES[0], bm25)
-    assert stats.depth == rescaled.depth_for_budget(BUDGET_MS, 20) == 3
+    assert stats.depth == refitted.depth_for_budget(BUDGET_MS, 20) == 3
     # The cache holds it: the next search starts from the observed costs.
-    assert slow_searcher.calibrate(cache_dir=cache) == rescaled
-    # --recalibrate measures again (a real measurement on the real clock, not the rescaled model).
+    assert slow_searcher.calibrate(cache_dir=cache) == refitted
+    # --recalibrate measures again (a real measurement on the real clock, not the refitted model).
     assert slow_searcher.calibrate(recalibrate=True, cache_dir=cache, num_queries=1, repeats=1).scale == 1.0
 
 
-def test_only_the_first_rescale_of_a_searcher_is_a_warning(slow_searcher, tmp_path, caplog):
-    """Under a load that keeps changing, the cost model is rescaled every few queries: the user is warned once, and
-    the later rescales are logged at INFO (shown with -v)."""
+def test_a_reranker_that_does_not_pace_its_batches_is_refitted_as_its_model_splits(slow_searcher, lucene, tmp_path,
+                                                                                    monkeypatch):
+    """Without ``rerank_until`` every candidate is scored and the time is not split into batches and the rest: each
+    query's 16 candidates in 8 batches of 20 ms (160 ms) are split as the model (1 ms + 1 ms per candidate) splits its
+    prediction, 1/17 fixed, and the refit keeps that shape."""
+    from pyserini_mores.search.calibration import DRIFT_MIN_QUERIES
+
+    monkeypatch.delattr(learned.ModelReranker, "rerank_until")
+    _cached_calibration(slow_searcher, tmp_path, fixed_ms=1.0, per_candidate_ms=1.0)
+    bm25 = lucene.search(QUERIES[0], k=20)
+    for _ in range(DRIFT_MIN_QUERIES):
+        _, stats = slow_searcher.rerank_hits(QUERIES[0], bm25)
+        assert (stats.scored, stats.rerank_ms) == (len(bm25), pytest.approx(len(bm25) / 2 * 20.0))
+    refitted = slow_searcher.calibration
+    assert (refitted.fixed_ms, refitted.per_candidate_ms) == (pytest.approx(160 / 17), pytest.approx(160 / 17))
+
+
+def test_only_the_first_refit_of_a_searcher_is_a_warning(slow_searcher, tmp_path, caplog):
+    """Under a load that keeps changing, the cost model is refitted every few queries: the user is warned once, and
+    the later refits are logged at INFO (shown with -v)."""
     import logging
 
-    from pyserini_mores.search.calibration import DRIFT_MIN_QUERIES
+    from pyserini_mores.search.calibration import REFIT_WINDOW
 
     _cached_calibration(slow_searcher, tmp_path, fixed_ms=1.0, per_candidate_ms=1.0)
     caplog.set_level(logging.INFO, logger=searcher_module.__name__)
-    for observed_ms in (40.0, 400.0, 4000.0):  # 2 candidates, each time 10x or more what the current model predicts
-        for _ in range(DRIFT_MIN_QUERIES):
-            slow_searcher._observe_cost(2, observed_ms)
-    rescales = [record.levelno for record in caplog.records if "what its cost model predicts" in record.getMessage()]
-    assert rescales == [logging.WARNING, logging.INFO, logging.INFO]
+    for observed_ms in (40.0, 400.0, 4000.0):  # 2 candidates, each time 10x what the current model predicts
+        for _ in range(REFIT_WINDOW):
+            slow_searcher._observe_cost(2, observed_ms, observed_ms)
+    refits = [record.levelno for record in caplog.records if "what its cost model predicts" in record.getMessage()]
+    assert len(refits) >= 3 and refits[0] == logging.WARNING and set(refits[1:]) == {logging.INFO}
     assert slow_searcher.calibration.predict_ms(2) == pytest.approx(4000.0)
 
 
 def test_times_within_the_drift_factor_leave_the_cost_model_alone(slow_searcher, lucene, tmp_path):
-    """25 ms per candidate measured, 20 ms observed (0.8 of the prediction): within DRIFT_FACTOR, kept."""
-    from pyserini_mores.search.calibration import DRIFT_MIN_QUERIES
+    """22 ms per candidate measured, 20 ms observed (0.91 of the prediction): within DRIFT_FACTOR, kept."""
+    from pyserini_mores.search.calibration import DRIFT_FACTOR, DRIFT_MIN_QUERIES
 
-    calibration = _cached_calibration(slow_searcher, tmp_path, fixed_ms=0.0, per_candidate_ms=25.0)
+    assert 1 / DRIFT_FACTOR < 20 / 22
+    calibration = _cached_calibration(slow_searcher, tmp_path, fixed_ms=0.0, per_candidate_ms=22.0)
     bm25 = lucene.search(QUERIES[0], k=20)
     for _ in range(2 * DRIFT_MIN_QUERIES):
         _, stats = slow_searcher.rerank_hits(QUERIES[0], bm25)
@@ -377,7 +487,7 @@ def test_times_within_the_drift_factor_leave_the_cost_model_alone(slow_searcher,
     assert slow_searcher.calibration is calibration
 
 
-def test_without_the_deadline_or_with_a_given_cost_model_nothing_is_rescaled(slow_searcher, lucene, tmp_path):
+def test_without_the_deadline_or_with_a_given_cost_model_nothing_is_refitted(slow_searcher, lucene, tmp_path):
     from pyserini_mores.search.calibration import DRIFT_MIN_QUERIES
 
     bm25 = lucene.search(QUERIES[0], k=20)
@@ -430,36 +540,58 @@ def test_the_budget_report_gives_p95_and_the_queries_over_the_budget():
     assert budget_report([], 50.0) == []
 
 
-def test_cost_drift_follows_a_weighted_mean_of_log_ratios():
-    from pyserini_mores.search.calibration import CostDrift
+def test_a_refit_follows_the_medians_of_fixed_and_per_candidate_costs_apart():
+    """Quiet: 5 ms fixed + 10 ms per candidate. One query caught by a burst of load (10x) moves nothing; a load that
+    doubles the fixed cost and triples the per-candidate cost for good is refitted as exactly that, once."""
+    from pyserini_mores.search.calibration import CostRefit
 
-    model = Calibration(fixed_ms=0.0, per_candidate_ms=1.0)  # 10 candidates: 10 ms predicted
-    drift = CostDrift(weight=0.5, factor=1.5, min_queries=3)
-    assert drift.observe(model, 10, 20.0) is None and drift.observe(model, 10, 20.0) is None
-    assert drift.observe(model, 10, 5.0) is None  # mean log ratio: log 2 then halfway to log 0.5 -> 0
-    assert drift.mean_log_ratio == pytest.approx(0.0) and drift.queries == 3
-    # Halfway from 0 to log 4: log 2, beyond log 1.5 with 3 queries seen: rescale by 2, and start afresh.
-    assert drift.observe(model, 10, 40.0) == pytest.approx(2.0)
-    assert (drift.queries, drift.mean_log_ratio) == (0, 0.0)
-    for ms in (30.0, 30.0):
-        assert drift.observe(model, 10, ms) is None
-    assert drift.observe(model, 10, 30.0) == pytest.approx(3.0)  # the first observation starts the mean
-    # Jitter under NOISE_FLOOR_MS and queries that scored nothing are not counted.
-    assert drift.observe(Calibration(fixed_ms=0.0, per_candidate_ms=0.1), 10, 1.9) is None
-    assert drift.observe(model, 0, 0.0) is None and drift.queries == 0
+    quiet = Calibration(fixed_ms=5.0, per_candidate_ms=10.0, points=((1, 15.0), (10, 105.0)))
+    refit = CostRefit(window=7, factor=1.5, min_queries=4)
+
+    def query(model, scored, fixed_ms, per_candidate_ms):
+        return refit.observe(model, scored, fixed_ms + per_candidate_ms * scored, per_candidate_ms * scored)
+
+    for scored in (4, 6, 5, 5, 7):
+        assert query(quiet, scored, 5.0, 10.0) is None
+    assert query(quiet, 5, 50.0, 100.0) is None  # the burst: 550 ms where 55 were predicted
+    assert refit.queries == 6
+    results = [query(quiet, scored, 10.0, 30.0) for scored in (3, 3, 4)]
+    assert results[:-1] == [None] * 2  # the medians move once the loaded queries are the window's majority
+    busy, ratio = results[-1]
+    assert (busy.fixed_ms, busy.per_candidate_ms) == (10.0, 30.0)
+    # At the median number the window's queries scored, 5: 160 ms where 55 were predicted.
+    assert sorted(refit.scored) == [3, 3, 4, 5, 5, 5, 7]
+    assert ratio == pytest.approx(160 / 55) and busy.scale == pytest.approx(ratio)
+    # The measured points move with the line: what they said at their size, times the new line's ratio there.
+    assert busy.points == (pytest.approx((1, 15.0 * 40 / 15)), pytest.approx((10, 105.0 * 310 / 105)))
+    # Converged: the same load against the refitted model refits nothing more.
+    for _ in range(8):
+        assert query(busy, 3, 10.0, 30.0) is None
+    # A query not timed apart (a reranker that does not pace its batches) is split as the model splits: 3 candidates
+    # in 200 ms against 10 + 30 per candidate: 20 ms fixed, 60 ms per candidate.
+    assert query(busy, 3, 10.0, 30.0) is None
+    assert refit.observe(busy, 3, 200.0, None) is None
+    assert (refit.fixed_ms[-1], refit.per_candidate_ms[-1]) == (pytest.approx(20.0), pytest.approx(60.0))
+    # Jitter under NOISE_FLOOR_MS is not counted; a query that scored nothing counts for the fixed cost only.
+    assert refit.observe(Calibration(fixed_ms=0.0, per_candidate_ms=0.1), 10, 1.9, 1.0) is None
+    before = list(refit.per_candidate_ms)
+    assert refit.observe(busy, 0, 12.0, 0.0) is None and list(refit.per_candidate_ms) == before
+    assert refit.fixed_ms[-1] == 12.0
 
 
-def test_a_rescaled_cost_model_round_trips_and_keeps_its_measurement():
+def test_a_refitted_cost_model_round_trips_and_keeps_its_measurement():
     measured = Calibration.fit([(1, 10.0), (10, 19.0), (100, 109.0)], max_candidates=100, key={"reranker": "x"},
                                measured_at="2026-01-01T00:00:00+00:00")
-    rescaled = measured.rescaled(2.0).rescaled(1.5)
-    assert rescaled.scale == 3.0 and rescaled.points == ((1, 30.0), (10, 57.0), (100, 327.0))
-    assert rescaled.predict_ms(50) == pytest.approx(3 * measured.predict_ms(50))
-    assert rescaled.max_relative_error == pytest.approx(measured.max_relative_error)
-    assert Calibration.from_dict(rescaled.to_dict()) == rescaled
-    assert "3x as measured" in rescaled.describe()
+    assert (measured.fixed_ms, measured.per_candidate_ms) == (pytest.approx(9.0), pytest.approx(1.0))
+    refitted = measured.refitted(18.0, 2.0, at=10).refitted(27.0, 3.0, at=10)
+    assert refitted.scale == pytest.approx(3.0) and [n for n, _ in refitted.points] == [1, 10, 100]
+    assert [ms for _, ms in refitted.points] == pytest.approx([30.0, 57.0, 327.0])
+    assert refitted.predict_ms(50) == pytest.approx(3 * measured.predict_ms(50))
+    assert refitted.max_relative_error == pytest.approx(measured.max_relative_error)
+    assert Calibration.from_dict(refitted.to_dict()) == refitted
+    assert "3x as measured" in refitted.describe()
     legacy = measured.to_dict()
     del legacy["scale"], legacy["rescaled_at"]
     assert Calibration.from_dict(legacy) == measured
-    with pytest.raises(ValueError):
-        measured.rescaled(0.0)
+    with pytest.raises(ValueError, match="per_candidate_ms"):
+        measured.refitted(1.0, -1.0, at=1)
