@@ -301,16 +301,30 @@ class ModelReranker(Reranker):
             scores = self._scores(query, texts, from_text=from_text, batch_size=batch_size)
         return scores.numpy().astype(np.float32, copy=False)
 
-    def score_windows(self, query: str, texts: list[Text], *, from_text: bool = False
+    def score_windows(self, query: str, texts: list[Text], *, from_text: bool = False, head_inputs: bool = False
                       ) -> tuple[np.ndarray, np.ndarray]:
         """The score of every window of ``texts`` (all of them, whatever :attr:`aggregate` is) and ``owners [W]``,
         the position in ``texts`` of each window's document (a document's windows consecutive, its first first):
-        what an aggregation turns into one score per candidate (:func:`~pyserini_mores.windows.aggregate_scores`)."""
+        what an aggregation turns into one score per candidate (:func:`~pyserini_mores.windows.aggregate_scores`).
+
+        With ``head_inputs`` (a model whose capabilities have ``scores_cls``), each window's ``[n]`` vector that the
+        model's head reads instead of its score (``[W, n]``): :meth:`scores_from_head_inputs` of them are the window
+        scores, of their mean per document the ``avgcls`` scores."""
+        if head_inputs:
+            check_aggregation("avgcls", self.model.model_type, self.model.capabilities.scores_cls)
         if not texts:
             return np.zeros(0, dtype=np.float32), np.zeros(0, dtype=np.int64)
         with torch.inference_mode(), self._autocast():
-            window_scores, owners = self._window_scores(query, texts, how="maxp", from_text=from_text)
-        return window_scores.numpy().astype(np.float32, copy=False), owners
+            window_scores, owners = self._window_scores(query, texts, how="avgcls" if head_inputs else "maxp",
+                                                        from_text=from_text)
+        return window_scores.float().numpy(), owners
+
+    def scores_from_head_inputs(self, vectors: np.ndarray) -> np.ndarray:
+        """``[B]`` scores of the model's head on ``vectors [B, n]`` (from :meth:`score_windows` with ``head_inputs``,
+        or their means), under this reranker's precision as :attr:`aggregate` ``avgcls`` scores them."""
+        with torch.inference_mode(), self._autocast():
+            tensor = torch.from_numpy(np.asarray(vectors, dtype=np.float32)).to(self.device)
+            return self.scoring_model.score_from_cls(tensor).float().cpu().numpy()
 
     def _scores(self, query: str, texts: list[Text], *, deadline: float | None = None,
                 per_candidate_ms: float | None = None, pace: QueryPace | None = None, from_text: bool = False,

@@ -15,7 +15,7 @@ from pyserini_mores.models._layers import BertDims
 from pyserini_mores.rerankers.learned import ModelReranker
 from pyserini_mores.sidecar import SidecarWriter, open_sidecar
 from pyserini_mores.types import Query, Text
-from pyserini_mores.windows import WindowOptions, document_capacity, split_texts
+from pyserini_mores.windows import WindowOptions, average_windows, document_capacity, split_texts
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -169,6 +169,18 @@ def test_score_windows_gives_every_window_whatever_the_aggregation(kind, models,
         window_scores, window_owners = reranker.score_windows(QUERY, texts)
         np.testing.assert_array_equal(window_owners, owners)
         np.testing.assert_allclose(window_scores, by_hand, rtol=1e-5, atol=1e-5)
+    # the head's inputs give the same window scores, and their per-document means what avgcls scores
+    reranker = ModelReranker(model, aggregate="avgcls", windows=WINDOWS, batch_size=4, device="cpu")
+    vectors, window_owners = reranker.score_windows(QUERY, texts, head_inputs=True)
+    np.testing.assert_allclose(reranker.scores_from_head_inputs(vectors), by_hand, rtol=1e-5, atol=1e-5)
+    averaged = reranker.scores_from_head_inputs(average_windows(vectors, window_owners, len(texts)))
+    np.testing.assert_allclose(averaged, _scores(reranker, documents), rtol=1e-5, atol=1e-5)
+
+
+def test_head_inputs_are_refused_for_a_model_without_a_cls_head(models):
+    reranker = ModelReranker(models["maxsim"], windows=WINDOWS, device="cpu")
+    with pytest.raises(UsageError, match="avgcls"):
+        reranker.score_windows(QUERY, [Text("a text", {"docid": "d0"})], head_inputs=True)
 
 
 def _head_on_mean(model, documents: list[str]) -> np.ndarray:
