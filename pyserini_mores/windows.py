@@ -10,8 +10,12 @@ of the sidecar build and of scoring from text, and a window's tokens are the doc
 
 Aggregations (``--aggregate``), after Dai and Callan (SIGIR 2019, "Deeper Text Understanding for IR with Contextual
 Neural Language Modeling"): ``firstp`` the first window's score, ``maxp`` the best window's, ``sump`` the sum of the
-windows' scores; and ``avgcls``, the ranker of MacAvaney et al. (SIGIR 2019, "CEDR"), which PreTTR (MacAvaney et al.,
-SIGIR 2020) is evaluated with: the windows' [CLS] vectors averaged, then scored once by the model's head.
+windows' scores; ``firstmaxp``, the mean of FirstP and MaxP: a document's start, where a page says what it is
+about, always counts, and its best window anywhere counts too, so a long document is neither judged by its opening
+alone (FirstP) nor by whichever later window happens to score high (MaxP); and ``avgcls``, the ranker of MacAvaney
+et al. (SIGIR 2019, "CEDR"), which PreTTR (MacAvaney et al., SIGIR 2020) is evaluated with: the windows' [CLS]
+vectors averaged, then scored once by the model's head (for a linear head, as every shipped model's is, that is the
+mean of the windows' scores).
 """
 from __future__ import annotations
 
@@ -23,9 +27,9 @@ import numpy as np
 
 from .errors import UsageError
 
-AGGREGATIONS = ("firstp", "maxp", "sump", "avgcls")
+AGGREGATIONS = ("firstp", "maxp", "sump", "firstmaxp", "avgcls")
 # The aggregations that need nothing of the model but one score per window.
-SCORE_AGGREGATIONS = ("firstp", "maxp", "sump")
+SCORE_AGGREGATIONS = ("firstp", "maxp", "sump", "firstmaxp")
 #: the aggregation of a reranker that is not given one; with one window per document every aggregation but
 #: ``avgcls`` gives that window's score, so it changes nothing for documents the model reads whole
 DEFAULT_AGGREGATION = "maxp"
@@ -156,7 +160,8 @@ def split_texts(texts: Sequence[str], tokenizer, capacity: int, options: WindowO
 
 def aggregate_scores(window_scores: np.ndarray, owners: np.ndarray, num_documents: int, how: str) -> np.ndarray:
     """``[num_documents]`` scores from ``window_scores[j]`` of window ``j`` of document ``owners[j]`` (windows of a
-    document consecutive, first first; every document has at least one): ``firstp``, ``maxp`` or ``sump``."""
+    document consecutive, first first; every document has at least one): ``firstp``, ``maxp``, ``sump`` or
+    ``firstmaxp``."""
     window_scores = np.asarray(window_scores, dtype=np.float64)
     owners = np.asarray(owners, dtype=np.int64)
     if len(owners) != len(window_scores):
@@ -174,6 +179,8 @@ def aggregate_scores(window_scores: np.ndarray, owners: np.ndarray, num_document
         return np.maximum.reduceat(window_scores, firsts)
     if how == "sump":
         return np.add.reduceat(window_scores, firsts)
+    if how == "firstmaxp":
+        return (window_scores[firsts] + np.maximum.reduceat(window_scores, firsts)) / 2
     raise ValueError(f"aggregation {how!r} is not one of {SCORE_AGGREGATIONS} (avgcls needs the model's [CLS] vectors)")
 
 

@@ -121,10 +121,10 @@ def test_rerank_depth_is_checked_by_the_searcher_too(tiny_index):
 @pytest.mark.parametrize("argv, message", [
     (["--reranker", "tk", "--aggregate", "avgcls"],
      "error: --aggregate avgcls averages the [CLS] vectors a model's head reads, and tk scores without one: use "
-     "firstp, maxp, sump"),
+     "firstp, maxp, sump, firstmaxp"),
     (["--reranker", "maxsim", "--aggregate", "avgcls"],
      "error: --aggregate avgcls averages the [CLS] vectors a model's head reads, and maxsim scores without one: use "
-     "firstp, maxp, sump"),
+     "firstp, maxp, sump, firstmaxp"),
     (["--reranker", "mores", "--window", "64"],
      "error: --window and --stride cut a document into windows: give --max-windows N too (the most windows of one "
      "document)"),

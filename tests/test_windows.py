@@ -92,6 +92,7 @@ def test_each_aggregation_against_values_computed_by_hand():
     assert aggregate_scores(scores, owners, 4, "firstp").tolist() == [0.5, 3.0, -0.25, 1.5]
     assert aggregate_scores(scores, owners, 4, "maxp").tolist() == [2.0, 3.0, -0.25, 1.5]
     assert aggregate_scores(scores, owners, 4, "sump").tolist() == [1.5, 3.0, -0.75, 1.5]
+    assert aggregate_scores(scores, owners, 4, "firstmaxp").tolist() == [1.25, 3.0, -0.25, 1.5]
     vectors = np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 0.0], [7.0, 7.0], [1.0, 1.0], [2.0, 3.0], [0.0, -1.0]])
     assert average_windows(vectors, owners, 4).tolist() == [[3.0, 2.0], [7.0, 7.0], [1.5, 2.0], [0.0, -1.0]]
     with pytest.raises(ValueError, match="every document needs at least one window"):
@@ -124,8 +125,8 @@ def test_window_options_resolve_against_the_models_capacity():
 
 def test_an_aggregation_is_checked_against_the_model():
     check_aggregation("avgcls", "mores", scores_cls=True)
-    with pytest.raises(UsageError, match="--aggregate must be one of firstp, maxp, sump, avgcls, not 'meanp'"):
+    with pytest.raises(UsageError, match="--aggregate must be one of firstp, maxp, sump, firstmaxp, avgcls, not 'meanp'"):
         check_aggregation("meanp")
     with pytest.raises(UsageError, match=r"--aggregate avgcls averages the \[CLS\] vectors a model's head reads, and "
-                                         r"tk scores without one: use firstp, maxp, sump"):
+                                         r"tk scores without one: use firstp, maxp, sump, firstmaxp"):
         check_aggregation("avgcls", "tk", scores_cls=False)

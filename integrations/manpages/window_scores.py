@@ -1,6 +1,6 @@
 """Score every window of BM25's top candidates once, then evaluate each aggregation at each rerank depth.
 
-The manpages tables (docs/experiments-manpages.md) compare FirstP, MaxP, SumP and (for models with a [CLS] head)
+The manpages tables (docs/experiments-manpages.md) compare FirstP, MaxP, SumP, their FirstMaxP and (for models with a [CLS] head)
 AvgCLS at rerank depths 30 and 100. A candidate's score depends on the query and its own windows only, so one pass
 over the top ``--depth`` candidates gives every aggregation at every depth up to it: the reranker's own
 ``score_windows`` (the scores ``search --aggregate A`` aggregates) is called once per query; for a model whose head
@@ -37,6 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-avgcls", action="store_true", help="skip the AvgCLS pass")
     parser.add_argument("--max-queries", type=int, help="the first N topics only")
     parser.add_argument("--json", required=True, help="where the table goes")
+    parser.add_argument("--save-windows", help="also write every window's score (and AvgCLS) per query to this .npz")
     return parser.parse_args(argv)
 
 
@@ -59,9 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     searcher = RerankingSearcher(args.index, reranker=reranker, rerank_depth=args.depth, sidecar=None)
     candidates = searcher.first_stage([topics[q] for q in qids], qids, k=args.depth)
     scores_cls = reranker.model.capabilities.scores_cls and not args.no_avgcls
-    aggregations = ["firstp", "maxp", "sump"] + (["avgcls"] if scores_cls else [])
+    aggregations = ["firstp", "maxp", "sump", "firstmaxp"] + (["avgcls"] if scores_cls else [])
     runs = {(how, depth): {} for how in aggregations for depth in args.depths}
-    windows_per_candidate, started = [], time.perf_counter()
+    windows_per_candidate, started, saved = [], time.perf_counter(), {}
     for number, qid in enumerate(qids, 1):
         hits = candidates.get(qid, [])[: args.depth]
         if not hits:
@@ -76,8 +77,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             window_scores, owners = reranker.score_windows(topics[qid], texts)
         windows_per_candidate.append(len(owners) / len(texts))
+        saved[qid] = {"docids": [text.metadata["docid"] for text in texts], "window_scores": window_scores,
+                      "owners": owners, **({"avgcls": averaged} if scores_cls else {})}
         per_aggregation = {how: aggregate_scores(window_scores, owners, len(texts), how)
-                           for how in ("firstp", "maxp", "sump")}
+                           for how in ("firstp", "maxp", "sump", "firstmaxp")}
         if scores_cls:
             per_aggregation["avgcls"] = averaged
         for how, scores in per_aggregation.items():
@@ -100,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"reranker": args.reranker, "model": args.model, "sidecar": args.sidecar, "queries": len(judged),
                "depth": args.depth, "windows_per_candidate": float(np.mean(windows_per_candidate)),
                "seconds": round(time.perf_counter() - started, 1), "rows": table}
+    if args.save_windows:
+        np.savez_compressed(args.save_windows, **{f"{qid}/{key}": np.asarray(value)
+                                                   for qid, fields in saved.items() for key, value in fields.items()})
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
     return 0

@@ -63,11 +63,12 @@ def prepare_index(collection: Path, count: int, work: Path) -> tuple[Path, int]:
     """A Lucene index of the first ``count`` passages under ``work`` (reused when already built); and its size."""
     from pyserini_mores.index import index_collection, open_searcher
 
-    index = work / f"index-first-{count}"
+    # named by the collection's folder too, so one --work serves several collections
+    index = work / f"index-{collection.resolve().parent.name}-first-{count}"
     if not index.is_dir():
         passages = first_passages(collection, count)
         work.mkdir(parents=True, exist_ok=True)
-        tsv = work / f"collection-first-{count}.tsv"
+        tsv = work / f"{index.name}.tsv"
         tsv.write_text("".join(f"{docid}\t{' '.join(text.split())}\n" for docid, text in passages),
                        encoding="utf-8")
         index_collection(tsv, index)
@@ -79,7 +80,7 @@ def prepare_index(collection: Path, count: int, work: Path) -> tuple[Path, int]:
 
 
 def time_build(index: Path, reranker: str, model: str | None, output: Path, precision: str, device: str,
-               batch_size: int, max_length: int | None) -> dict[str, Any]:
+               batch_size: int, max_length: int | None, max_windows: int = 1) -> dict[str, Any]:
     """Run ``sidecar build`` for ``reranker`` in this process; its wall time and the manifest's figures."""
     from pyserini_mores.sidecar.__main__ import main as sidecar_main
     from pyserini_mores.sidecar.format import read_manifest
@@ -88,6 +89,7 @@ def time_build(index: Path, reranker: str, model: str | None, output: Path, prec
             precision, "--device", device, "--batch-size", str(batch_size), "--overwrite"]
     argv += ["--model", model] if model else []
     argv += ["--max-length", str(max_length)] if max_length else []
+    argv += ["--max-windows", str(max_windows)] if max_windows > 1 else []
     started = time.perf_counter()
     code = sidecar_main(argv)
     wall = time.perf_counter() - started
@@ -97,7 +99,10 @@ def time_build(index: Path, reranker: str, model: str | None, output: Path, prec
     encode_seconds = float(manifest.build["encode_seconds"])
     return {"reranker": reranker, "model": manifest.build.get("backbone") if model is None else model,
             "command": "python -m pyserini_mores.sidecar " + " ".join(argv),
-            "num_docs": manifest.num_docs, "stored_tokens_per_doc": round(manifest.num_tokens / manifest.num_docs, 2),
+            "num_docs": manifest.num_docs, "max_windows": max_windows,
+            "windows_per_doc": round(manifest.num_windows / manifest.num_docs, 3),
+            "bytes_per_doc": round(manifest.num_tokens * manifest.bytes_per_token / manifest.num_docs, 1),
+            "stored_tokens_per_doc": round(manifest.num_tokens / manifest.num_docs, 2),
             "store_width": manifest.dim, "store_variant": manifest.model.get("store_variant"),
             "max_length": manifest.build.get("max_length"), "precision": manifest.build.get("precision"),
             "device": manifest.build.get("device"), "encode_seconds": round(encode_seconds, 3),
@@ -138,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--batch-size", type=int, default=64, help="sidecar build's --batch-size")
     parser.add_argument("--max-length", type=int, default=None, help="sidecar build's --max-length (tokens)")
+    parser.add_argument("--max-windows", type=int, default=1,
+                        help="sidecar build's --max-windows: a long document stored as up to N windows (default 1)")
     parser.add_argument("--ray-workers", type=int, nargs="+", default=list(RAY_WORKERS),
                         help="worker counts of the Ray projection")
     parser.add_argument("--work", type=Path, default=Path("runs/scale/encode"),
@@ -152,6 +159,7 @@ def check_arguments(args: argparse.Namespace) -> str | None:
 
     checks = [(args.num_docs >= 1, f"--num-docs must be at least 1, not {args.num_docs}"),
               (args.batch_size >= 1, f"--batch-size must be at least 1, not {args.batch_size}"),
+              (args.max_windows >= 1, f"--max-windows must be at least 1, not {args.max_windows}"),
               (args.max_length is None or args.max_length >= 1,
                f"--max-length must be at least 1, not {args.max_length}"),
               (all(count >= 1 for count in args.ray_workers), "--ray-workers must all be at least 1"),
@@ -178,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for reranker in args.rerankers:
         row = time_build(index, reranker, args.model, args.work / f"sidecar-{reranker}-{args.precision}",
-                         args.precision, args.device, args.batch_size, args.max_length)
+                         args.precision, args.device, args.batch_size, args.max_length, args.max_windows)
         row["projection_hours"] = projection(row["docs_per_s"], args.device, tuple(args.ray_workers))
         rows.append(row)
     import torch

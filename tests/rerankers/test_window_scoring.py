@@ -140,7 +140,8 @@ def _by_hand(model, documents, how: str) -> np.ndarray:
     window_scores = [float(_direct(model, [piece])[0]) for piece in pieces]
     per_document = [[s for s, owner in zip(window_scores, owners) if owner == i] for i in range(len(documents))]
     assert max(len(scores) for scores in per_document) >= 3 and min(len(scores) for scores in per_document) == 1
-    return np.array([{"firstp": scores[0], "maxp": max(scores), "sump": sum(scores)}[how]
+    return np.array([{"firstp": scores[0], "maxp": max(scores), "sump": sum(scores),
+                      "firstmaxp": (scores[0] + max(scores)) / 2}[how]
                      for scores in per_document])
 
 
@@ -148,7 +149,7 @@ def _by_hand(model, documents, how: str) -> np.ndarray:
 def test_window_scores_from_text_are_aggregated_as_by_hand(kind, models, documents):
     model = models[kind]
     firstp = None
-    for how in ("firstp", "maxp", "sump"):
+    for how in ("firstp", "maxp", "sump", "firstmaxp"):
         reranker = ModelReranker(model, aggregate=how, windows=WINDOWS, batch_size=4, device="cpu")
         scores = _scores(reranker, documents)
         np.testing.assert_allclose(scores, _by_hand(model, documents, how), rtol=1e-5, atol=1e-5)
@@ -247,7 +248,7 @@ def test_avgcls_is_refused_for_a_model_without_a_cls_head(kind, models):
 
 
 def test_an_unknown_aggregation_and_a_window_beyond_the_model_are_refused(models):
-    with pytest.raises(UsageError, match="--aggregate must be one of firstp, maxp, sump, avgcls, not 'meanp'"):
+    with pytest.raises(UsageError, match="--aggregate must be one of firstp, maxp, sump, firstmaxp, avgcls, not 'meanp'"):
         get_reranker("mores", model=models["mores-s1"], aggregate="meanp")
     with pytest.raises(UsageError, match="--window 40 is longer than the 22 tokens the model reads of a document"):
         ModelReranker(models["mores-s1"], windows=WindowOptions(window=40, max_windows=2), device="cpu")
