@@ -32,7 +32,7 @@ AGGREGATIONS = ("firstp", "maxp", "sump", "firstmaxp", "avgcls")
 SCORE_AGGREGATIONS = ("firstp", "maxp", "sump", "firstmaxp")
 #: the aggregation of a reranker that is not given one; with one window per document every aggregation but
 #: ``avgcls`` gives that window's score, so it changes nothing for documents the model reads whole
-DEFAULT_AGGREGATION = "maxp"
+DEFAULT_AGGREGATION = "firstmaxp"
 
 
 def check_aggregation(how: str, model_type: str | None = None, scores_cls: bool = True) -> None:

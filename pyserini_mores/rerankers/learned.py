@@ -145,7 +145,7 @@ class ModelReranker(Reranker):
         return self._capacity
 
     def describe_windows(self) -> str:
-        """The aggregation and the windows in words, e.g. ``maxp of at most 4 windows of 126 tokens every 63``."""
+        """The aggregation and the windows in words, e.g. ``firstmaxp of at most 4 windows of 126 tokens every 126``."""
         options = self.text_windows
         window, stride = options.resolved(self.capacity)
         if not options.windowed:

@@ -86,7 +86,7 @@ def test_a_windowed_sidecar_scores_as_the_same_windows_from_text(kind, long_inde
     model = _model(kind, tokenizer)
     sidecar = _sidecar(long_index, model, tmp_path / kind, OPTIONS)
     assert sidecar.windows == OPTIONS and sidecar.window_counts().max() == 4
-    aggregations = ["firstp", "maxp", "sump"] + (["avgcls"] if kind != "maxsim" else [])
+    aggregations = ["firstp", "maxp", "sump", "firstmaxp"] + (["avgcls"] if kind != "maxsim" else [])
     for aggregate in aggregations:
         stored = ModelReranker(model, sidecar, aggregate=aggregate, batch_size=3, device="cpu")
         assert stored.describe_windows() == f"{aggregate} of at most 4 windows of 12 tokens every 8"

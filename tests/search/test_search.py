@@ -176,8 +176,8 @@ def test_cli_writes_trec_and_msmarco_runs_and_metrics(tiny_index, tiny_maxsim_di
     out = capsys.readouterr().out
     assert "BM25" in out and "MRR@10" in out and "maxsim" in out
     # how long documents are read: the default aggregation over the one window the sidecar stores
-    assert "Long documents: maxp of 1 window of 62 tokens\n" in out
-    assert "Windows scored per candidate: 1.00 (maxp)\n" in out
+    assert "Long documents: firstmaxp of 1 window of 62 tokens\n" in out
+    assert "Windows scored per candidate: 1.00 (firstmaxp)\n" in out
 
     msmarco = tmp_path / "run.tsv"
     assert search_main(["--index", str(tiny_index), "--topics", str(TOPICS), "--output", str(msmarco),
