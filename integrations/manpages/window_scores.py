@@ -36,6 +36,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--depths", type=int, nargs="+", default=[30], help="depths evaluated")
     parser.add_argument("--no-avgcls", action="store_true", help="skip the AvgCLS pass")
     parser.add_argument("--max-queries", type=int, help="the first N topics only")
+    parser.add_argument("--skip-queries", type=int, default=0,
+                        help="leave out the first N topics (with --max-queries: topics N+1 to N+max); to split a run "
+                             "across processes, whose --save-windows files evaluate together")
     parser.add_argument("--json", required=True, help="where the table goes")
     parser.add_argument("--save-windows", help="also write every window's score (and AvgCLS) per query to this .npz")
     return parser.parse_args(argv)
@@ -52,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     from pyserini_mores.windows import WindowOptions, aggregate_scores, average_windows
 
     topics = read_topics(args.topics)
-    qids = list(topics)[: args.max_queries]
+    qids = list(topics)[args.skip_queries:][: args.max_queries]
     qrels = read_qrels(args.qrels)
     windows = None if args.sidecar else WindowOptions(max_windows=args.max_windows)
     options = {"model": args.model} if args.model else {}
