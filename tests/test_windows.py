@@ -125,7 +125,8 @@ def test_window_options_resolve_against_the_models_capacity():
 
 def test_an_aggregation_is_checked_against_the_model():
     check_aggregation("avgcls", "mores", scores_cls=True)
-    with pytest.raises(UsageError, match="--aggregate must be one of firstp, maxp, sump, firstmaxp, avgcls, not 'meanp'"):
+    with pytest.raises(UsageError,
+                       match="--aggregate must be one of firstp, maxp, sump, firstmaxp, avgcls, not 'meanp'"):
         check_aggregation("meanp")
     with pytest.raises(UsageError, match=r"--aggregate avgcls averages the \[CLS\] vectors a model's head reads, and "
                                          r"tk scores without one: use firstp, maxp, sump, firstmaxp"):

@@ -1,10 +1,11 @@
 """Score every window of BM25's top candidates once, then evaluate each aggregation at each rerank depth.
 
-The manpages tables (docs/experiments-manpages.md) compare FirstP, MaxP, SumP, their FirstMaxP and (for models with a [CLS] head)
-AvgCLS at rerank depths 30 and 100. A candidate's score depends on the query and its own windows only, so one pass
-over the top ``--depth`` candidates gives every aggregation at every depth up to it: the reranker's own
+The manpages tables (docs/experiments-manpages.md) compare FirstP, MaxP, SumP, FirstMaxP and (for models with a
+[CLS] head) AvgCLS at rerank depths 30 and 100. A candidate's score depends on the query and its own windows only,
+so one pass over the top ``--depth`` candidates gives every aggregation at every depth up to it: the reranker's own
 ``score_windows`` (the scores ``search --aggregate A`` aggregates) is called once per query; for a model whose head
-reads a [CLS] vector it gives the head's inputs, from which come both each window's score and AvgCLS. Each row is also what one search command gives (printed beside it)::
+reads a [CLS] vector it gives the head's inputs, from which come both each window's score and AvgCLS. Each row is
+also what one search command gives::
 
     python integrations/manpages/window_scores.py --index INDEX --topics queries.test.tsv --qrels qrels.test.txt \\
         --reranker mores --sidecar SIDECAR --depth 100 --json mores.test.json

@@ -248,7 +248,8 @@ def test_avgcls_is_refused_for_a_model_without_a_cls_head(kind, models):
 
 
 def test_an_unknown_aggregation_and_a_window_beyond_the_model_are_refused(models):
-    with pytest.raises(UsageError, match="--aggregate must be one of firstp, maxp, sump, firstmaxp, avgcls, not 'meanp'"):
+    with pytest.raises(UsageError,
+                       match="--aggregate must be one of firstp, maxp, sump, firstmaxp, avgcls, not 'meanp'"):
         get_reranker("mores", model=models["mores-s1"], aggregate="meanp")
     with pytest.raises(UsageError, match="--window 40 is longer than the 22 tokens the model reads of a document"):
         ModelReranker(models["mores-s1"], windows=WindowOptions(window=40, max_windows=2), device="cpu")
