@@ -157,7 +157,6 @@ class ShardedSidecarReader(ManifestMetadata):
         """Zero-padded ``docs [B, Lmax, dim]`` (or head-major) and ``lengths [B]`` of ``rows``, exactly as
         :meth:`SidecarReader.get_batch` gives them for an unsharded sidecar (rows may span shards). ``buffer`` is
         used when the rows come from one shard (batches spanning shards are assembled in fresh memory)."""
-        import torch
 
         rows = self._check_rows(rows)
         check_heads(heads, self.dim)
@@ -167,21 +166,8 @@ class ShardedSidecarReader(ManifestMetadata):
             return shard.get_batch(local, device, dtype, buffer, heads)
         parts = [(where, *shard.get_batch(local, dtype=None)) for shard, where, local in split]
         if not parts:  # no rows: the empty batch of the stored dtype
-            docs, lengths = self.shards[0].get_batch(rows, dtype=None)
-        else:
-            max_len = max(part_docs.shape[1] for _, part_docs, _ in parts)
-            docs = torch.zeros((len(rows), max_len, self.dim), dtype=parts[0][1].dtype)
-            lengths = torch.empty(len(rows), dtype=torch.int64)
-            for where, part_docs, part_lengths in parts:
-                index = torch.from_numpy(where)
-                docs[index, :part_docs.shape[1]] = part_docs
-                lengths[index] = part_lengths
-        if heads is not None:
-            docs = head_major(docs, heads)
-        docs = docs.to(device)
-        if dtype is not None:
-            docs = docs.to(torch_dtype(dtype))
-        return docs, lengths.to(device)
+            return self._joined([self.shards[0].get_batch(rows, dtype=None)], len(rows), device, dtype, heads)
+        return self._joined(parts, len(rows), device, dtype, heads)
 
     # ---- windows -------------------------------------------------------------------------------------------------
     @property
@@ -224,7 +210,6 @@ class ShardedSidecarReader(ManifestMetadata):
                   dtype: torch.dtype | str | None = "float32", buffer: BatchBuffer | None = None,
                   heads: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`SidecarReader.get_spans` of spans from :meth:`window_spans` (spans may lie in several shards)."""
-        import torch
 
         starts = np.asarray(starts, dtype=np.int64)
         lengths = np.asarray(lengths, dtype=np.int64)
@@ -241,21 +226,31 @@ class ShardedSidecarReader(ManifestMetadata):
             return shard.get_spans(local, lengths, device, dtype, buffer, heads)
         parts = [(where, *shard.get_spans(local, lengths[where], dtype=None)) for shard, where, local in split]
         if not parts:
-            docs, spans = self.shards[0].get_spans(starts, lengths, dtype=None)
+            return self._joined([self.shards[0].get_spans(starts, lengths, dtype=None)], len(starts), device, dtype,
+                                heads)
+        return self._joined(parts, len(starts), device, dtype, heads)
+
+    def _joined(self, parts: list, count: int, device, dtype, heads: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One padded batch of ``count`` items from each shard's part ``(where, docs, lengths)`` (``where``: the
+        part's positions in the batch; a lone ``(docs, lengths)`` is the whole, empty batch), on ``device``."""
+        import torch
+
+        if len(parts[0]) == 2:
+            docs, lengths = parts[0]
         else:
             max_len = max(part_docs.shape[1] for _, part_docs, _ in parts)
-            docs = torch.zeros((len(starts), max_len, self.dim), dtype=parts[0][1].dtype)
-            spans = torch.empty(len(starts), dtype=torch.int64)
+            docs = torch.zeros((count, max_len, self.dim), dtype=parts[0][1].dtype)
+            lengths = torch.empty(count, dtype=torch.int64)
             for where, part_docs, part_lengths in parts:
                 index = torch.from_numpy(where)
                 docs[index, :part_docs.shape[1]] = part_docs
-                spans[index] = part_lengths
+                lengths[index] = part_lengths
         if heads is not None:
             docs = head_major(docs, heads)
         docs = docs.to(device)
         if dtype is not None:
             docs = docs.to(torch_dtype(dtype))
-        return docs, spans.to(device)
+        return docs, lengths.to(device)
 
     # ---- docids --------------------------------------------------------------------------------------------------
     def prefetch(self, rows: Sequence[int] | np.ndarray) -> None:
