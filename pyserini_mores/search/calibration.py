@@ -9,19 +9,24 @@ the sidecar, scoring them in batches, and sorting. BM25 retrieval is *not* timed
 every reranker the same, and Pyserini runs it for many queries at once on several threads, so it has no well-defined
 per-query share.
 
-The cost model is linear, ``fixed_ms + per_candidate_ms * n`` for ``n >= 1`` candidates (and 0 for none), fitted by
-least squares to the median time of several sizes ``n``, after a warm-up, with a non-negative slope; a prediction is
-never below the cheapest median measured at that size or a larger one (cost does not fall as candidates are added),
-so a depth is chosen only where the measurements say it fits. Calibration runs warm; the searcher's deadline (see
-:meth:`~.searcher.RerankingSearcher.rerank_hits`) keeps a query within its budget when a cold page cache or a longer
-query makes it slower than predicted.
+The cost of ``n`` candidates is predicted from the median times measured at several sizes, after a warm-up: the
+cheapest median measured at ``n`` or a larger size (cost does not fall as candidates are added), so a depth is chosen
+exactly where a size at least as large was measured to fit; beyond the largest size measured, the larger of its
+median scaled in proportion and a line ``fixed_ms + per_candidate_ms * n`` fitted by least squares to all the medians
+(with a non-negative slope). The line also summarises the model (its report, the first batch's pace, the refits), but
+it does not overrule a measurement: costs are not linear in ``n`` (batching makes the first candidates dearer per
+candidate than the thousandth), and a line through 1 to 1,000 candidates can start far above what one candidate was
+measured to cost. Calibration runs warm; the searcher's deadline (see :meth:`~.searcher.RerankingSearcher.rerank_hits`)
+keeps a query within its budget when a cold page cache or a longer query makes it slower than predicted.
 
 A machine's speed changes after its calibration (other processes start or stop): the searcher splits every budgeted
 query's rerank time into its fixed cost and its batches' time per candidate (:class:`CostRefit`), and when their
 recent medians drift from the model refits the model's line to them and saves it in the cache
 (:meth:`Calibration.refitted`), so that the depths follow and the next search starts from it. A model whose depth
-for a budget is 0 is reported, never applied silently: nothing is then reranked, so nothing is observed to correct
-it, and only ``--recalibrate`` measures it again.
+for a budget is 0 is reported, never applied silently; since a query that reranks nothing observes nothing, one such
+query in :data:`PROBE_INTERVAL` reranks one candidate anyway to time it, and a probe that fits the budget refits the
+model to itself at once (:meth:`CostRefit.observe`), so a model measured on a busy machine does not keep a quiet one
+from reranking.
 """
 from __future__ import annotations
 
@@ -69,11 +74,15 @@ REFIT_WINDOW = 15
 #: model's (at one candidate, or at the median number of candidates the queries scored).
 DRIFT_FACTOR = 1.15
 DRIFT_MIN_QUERIES = 8
+#: Of the queries whose depth under their budget is 0, every this-many-th reranks one candidate (a probe) so that the
+#: model is observed: a probe may overrun the budget, and at most 1 / PROBE_INTERVAL of the queries are probes, so
+#: the 95th percentile of the rerank times is not a probe's.
+PROBE_INTERVAL = 25
 
 @dataclass(frozen=True)
 class Calibration:
-    """A reranker's measured cost per query: ``fixed_ms + per_candidate_ms * n`` ms for ``n >= 1`` candidates, or
-    more where the measured ``points`` say so (:meth:`predict_ms`).
+    """A reranker's measured cost per query: the medians measured at several sizes (``points``), and the line
+    ``fixed_ms + per_candidate_ms * n`` ms (``n >= 1`` candidates) fitted to them (:meth:`predict_ms`).
 
     Attributes:
         fixed_ms: per-query cost independent of the candidates (query encoding, setup), ms.
@@ -106,21 +115,23 @@ class Calibration:
 
     def refitted(self, fixed_ms: float, per_candidate_ms: float, at: int) -> "Calibration":
         """This model with the line ``fixed_ms + per_candidate_ms * n``, what searches observed when the machine's
-        speed changed after the measurement (:class:`CostRefit`). Each measured point moves with the line (times
-        the ratio of the new line to the old at its size), so that the points still bound the prediction from below
-        as measured; :attr:`scale` is multiplied by the ratio of the new line to the old at ``at`` candidates (the
-        number the observed queries scored)."""
+        speed changed after the measurement (:class:`CostRefit`). Each measured point moves as far as the prediction
+        must at its size to meet the new line there (times the ratio of the new line to the old prediction), so
+        that a point on the measured envelope lands on the new line and the others stay above it, as measured;
+        :attr:`scale` is multiplied by the ratio of the new line to the old at ``at`` candidates (the number the
+        observed queries scored)."""
         for name, value in (("fixed_ms", fixed_ms), ("per_candidate_ms", per_candidate_ms)):
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"a cost model is refitted to a {name} that is a finite number >= 0, not {value}")
         refit = dataclasses.replace(self, fixed_ms=fixed_ms, per_candidate_ms=per_candidate_ms)
 
-        def ratio(candidates: int) -> float:
-            before, after = self.line_ms(candidates), refit.line_ms(candidates)
+        def ratio(before: float, after: float) -> float:
             return after / before if before > 0 and after > 0 else 1.0
 
+        at = max(at, 1)
         return dataclasses.replace(
-            refit, points=tuple((n, ms * ratio(n)) for n, ms in self.points), scale=self.scale * ratio(max(at, 1)),
+            refit, points=tuple((n, ms * ratio(self.predict_ms(n), refit.line_ms(n))) for n, ms in self.points),
+            scale=self.scale * ratio(self.line_ms(at), refit.line_ms(at)),
             rescaled_at=datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
 
     def line_ms(self, candidates: int) -> float:
@@ -128,8 +139,18 @@ class Calibration:
         return 0.0 if candidates <= 0 else self.fixed_ms + self.per_candidate_ms * candidates
 
     def predict_ms(self, candidates: int) -> float:
-        """Predicted rerank-stage time (ms) of one query with ``candidates`` candidates: the fitted line, and never
-        less than the measurements say (:meth:`measured_ms`)."""
+        """Predicted rerank-stage time (ms) of one query with ``candidates`` candidates: what the measurements say
+        (:meth:`measured_ms`) up to the largest size measured, and beyond it (or without measurements) never less
+        than the fitted line either.
+
+        Within the measured sizes the line does not overrule the medians, either way: it is one straight line
+        through costs that are not straight (a cross-encoder's was 95.8 ms + 8.55 ms per candidate through 1 to
+        1,000 candidates, where one candidate measured 22.7 ms), and it would refuse a 100 ms budget the one
+        candidate that was measured to fit it."""
+        if candidates <= 0:
+            return 0.0
+        if self.points and candidates <= max(n for n, _ in self.points):
+            return self.measured_ms(candidates)
         return max(self.line_ms(candidates), self.measured_ms(candidates))
 
     def measured_ms(self, candidates: int) -> float:
@@ -151,8 +172,9 @@ class Calibration:
     def depth_for_budget(self, budget_ms: float | None, max_depth: int) -> int:
         """The largest ``n <= max_depth`` whose predicted cost (:meth:`predict_ms`) is at most ``budget_ms``.
 
-        ``None`` or ``inf`` → ``max_depth``; a budget below the fixed cost (or 0) → 0: no reranking. A depth whose
-        measured cost (or that of a smaller size) was over the budget is never chosen, whatever the line says.
+        ``None`` or ``inf`` → ``max_depth``; a budget below the cheapest measured cost (or 0) → 0: no reranking. A
+        depth is chosen only when a size at least as large was measured within the budget, and then whatever the
+        line says.
         """
         if max_depth <= 0:
             return 0
@@ -224,7 +246,9 @@ class CostRefit:
     by more than :data:`DRIFT_FACTOR` either way from the model's, at one candidate or at the median number scored.
 
     A query that scored nothing counts for the fixed cost only; one whose observed and predicted times are both under
-    :data:`NOISE_FLOOR_MS` is not counted (jitter).
+    :data:`NOISE_FLOOR_MS` is not counted (jitter). A probe that contradicts the model (one candidate reranked
+    within a budget the model said it could not fit) replaces the window and refits on its own: the queries around
+    it reranked nothing and observe nothing, so no majority of them could ever outvote the model.
     """
 
     def __init__(self, window: int = REFIT_WINDOW, factor: float = DRIFT_FACTOR,
@@ -243,13 +267,17 @@ class CostRefit:
         return len(self.fixed_ms)
 
     def observe(self, calibration: Calibration, scored: int, rerank_ms: float,
-                batch_ms: float | None) -> tuple[Calibration, float] | None:
+                batch_ms: float | None, *, conclusive: bool = False) -> tuple[Calibration, float] | None:
         """Count one query that scored ``scored`` candidates in batches taking ``batch_ms`` of its ``rerank_ms``
         (``None``: not timed apart, as from a reranker that does not pace its batches; then split as the model
         splits its prediction); the refitted model and its ratio to ``calibration`` at the median number scored (the
-        warning's "x times") when the observations have drifted from ``calibration``, else ``None``."""
+        warning's "x times") when the observations have drifted from ``calibration``, else ``None``.
+        ``conclusive``: this query alone is the window (a probe that contradicts the model)."""
         if max(calibration.predict_ms(scored), rerank_ms) < NOISE_FLOOR_MS or rerank_ms < 0:
             return None
+        if conclusive:
+            for window in (self.fixed_ms, self.per_candidate_ms, self.scored):
+                window.clear()
         if batch_ms is None:
             line = calibration.line_ms(scored)
             batch_ms = rerank_ms * calibration.per_candidate_ms * scored / line if line > 0 else rerank_ms
@@ -258,7 +286,7 @@ class CostRefit:
         if scored > 0:
             self.per_candidate_ms.append(batch_ms / scored)
             self.scored.append(scored)
-        if self.queries < self.min_queries or not self.per_candidate_ms:
+        if (self.queries < self.min_queries and not conclusive) or not self.per_candidate_ms:
             return None
         # To the nanosecond: finer digits are the clock's rounding, and would tip a depth that fits exactly.
         fixed, per_candidate = (round(statistics.median(values), 6) for values in (self.fixed_ms,
@@ -269,7 +297,7 @@ class CostRefit:
             before, after = calibration.line_ms(candidates), fixed + per_candidate * candidates
             if max(before, after) >= NOISE_FLOOR_MS:
                 ratios.append(after / before if before > 0 else math.inf)
-        if all(1 / self.factor <= ratio <= self.factor for ratio in ratios):
+        if not conclusive and all(1 / self.factor <= ratio <= self.factor for ratio in ratios):
             return None
         refitted = calibration.refitted(fixed, per_candidate, at)
         return refitted, refitted.line_ms(at) / calibration.line_ms(at) if calibration.line_ms(at) > 0 else math.inf

@@ -30,7 +30,7 @@ from ..types import (
     hits_to_texts,
     texts_to_hits,
 )
-from .calibration import Calibration, CostRefit, calibrate, save_calibration
+from .calibration import PROBE_INTERVAL, Calibration, CostRefit, calibrate, save_calibration
 from .first_stage import (
     Dense,
     Hybrid,
@@ -186,6 +186,7 @@ class RerankingSearcher:
         self._pace = BatchPace()  # the times of recent scoring batches under a deadline, which pace the next ones
         self._calibration_cache: str | os.PathLike | None = None
         self._warned_depth_zero: set[float] = set()
+        self._unreranked = 0  # budgeted queries whose depth was 0: one in PROBE_INTERVAL reranks one candidate
         self._refits = 0  # how often this searcher refitted its cost model (the first is a warning)
         self.reranker = reranker if reranker_options is None else \
             get_reranker(reranker_options.name, **reranker_options.factory_kwargs())
@@ -394,18 +395,24 @@ class RerankingSearcher:
         check_unique_docids(hit.docid for hit in hits)
         depth = self.depth_for(len(hits), time_budget_ms)
         budget = self.time_budget_ms if time_budget_ms is SEARCHER_BUDGET else time_budget_ms
+        probe = depth == 0 and bool(hits) and self._probe_due(budget)
+        if probe:
+            depth = 1
         head = hits[:depth]
         started = time.perf_counter()
         deadline, pace = None, None
         if head and self.enforce_deadline and budget is not None and math.isfinite(budget):
-            deadline, pace = time.monotonic() + budget / 1000, self._pace.query()
+            # A probe scores its candidate whatever the pace predicts: timing it is its purpose.
+            deadline = math.inf if probe else time.monotonic() + budget / 1000
+            pace = self._pace.query()
         reranked = self.rerank_candidates(query, head, deadline=deadline, pace=pace)
         # With nothing to rerank the rerank stage does not run: 0 ms, not the cost of a function call.
         rerank_ms = (time.perf_counter() - started) * 1000 if head else 0.0
         scored = len(reranked)
         if deadline is not None:
             # A reranker that does not pace its batches (no rerank_until) leaves its time unsplit.
-            self._observe_cost(scored, rerank_ms, pace.seconds * 1000 if pace.batches or not scored else None)
+            self._observe_cost(scored, rerank_ms, pace.seconds * 1000 if pace.batches or not scored else None,
+                               conclusive=probe and scored > 0 and rerank_ms <= budget)
         ranked = reranked + _below(reranked, first_stage_hits(hits[scored:]), start_rank=scored + 1)
         for hit in ranked:  # read from the index if asked for, as LuceneSearcher's hits carry it
             hit.attach_document(reader=self._lucene_document)
@@ -447,14 +454,28 @@ class RerankingSearcher:
         self._drift, self._calibration_cache = CostRefit(), options.get("cache_dir")
         return self.calibration
 
-    def _observe_cost(self, scored: int, rerank_ms: float, batch_ms: float | None) -> None:
+    def _probe_due(self, budget: float | None) -> bool:
+        """Whether this query, whose depth under ``budget`` is 0, is the one in
+        :data:`~.calibration.PROBE_INTERVAL` that reranks one candidate to time it: a query that reranks nothing
+        observes nothing, so without probes a cost model that says nothing fits could never learn that one candidate
+        does. Only under a finite positive budget, with the deadline on and a cost model that refits (measured by
+        :meth:`calibrate`)."""
+        if budget is None or not 0 < budget < math.inf or not self.enforce_deadline or self._drift is None:
+            return False
+        with self._calibrating:
+            self._unreranked += 1
+            return self._unreranked % PROBE_INTERVAL == 0
+
+    def _observe_cost(self, scored: int, rerank_ms: float, batch_ms: float | None, *,
+                      conclusive: bool = False) -> None:
         """Count a budgeted query's rerank time (``batch_ms`` of it in scoring batches, ``None`` when not timed
         apart) against the cost model; refit and save the model when the times have drifted from it
-        (:class:`~.calibration.CostRefit`)."""
+        (:class:`~.calibration.CostRefit`), or at once when ``conclusive`` (a probe that fitted a budget the model
+        said it could not)."""
         if self._drift is None or self.calibration is None:
             return
         with self._calibrating:
-            refit = self._drift.observe(self.calibration, scored, rerank_ms, batch_ms)
+            refit = self._drift.observe(self.calibration, scored, rerank_ms, batch_ms, conclusive=conclusive)
             if refit is None:
                 return
             before = self.calibration.describe()
@@ -489,11 +510,14 @@ class RerankingSearcher:
                 return
             self._warned_depth_zero.add(budget)
         calibration = self.calibration
+        kept = "every query keeps its first-stage order"
+        if self._drift is not None and self.enforce_deadline:
+            kept += f" but one in {PROBE_INTERVAL}, which reranks one candidate to time it"
         logger.warning("the %g ms time budget buys no reranking with %s: its cost model (%s, measured %s) predicts "
-                       "%.3g ms for a single candidate, so every query keeps its first-stage order; if the machine "
-                       "was busy when it was measured, measure it again with --recalibrate (or "
-                       "RerankingSearcher.calibrate(recalibrate=True))", budget, self.reranker.name,
-                       calibration.describe(), calibration.measured_at or "elsewhere", calibration.predict_ms(1))
+                       "%.3g ms for a single candidate, so %s; if the machine was busy when it was measured, measure "
+                       "it again with --recalibrate (or RerankingSearcher.calibrate(recalibrate=True))", budget,
+                       self.reranker.name, calibration.describe(), calibration.measured_at or "elsewhere",
+                       calibration.predict_ms(1), kept)
 
     def _cost_model(self) -> Calibration:
         with self._calibrating:

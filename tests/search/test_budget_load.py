@@ -31,6 +31,20 @@ PHASES = ((QUIET, 60), (BUSY, 100), (QUIET, 60))
 @pytest.fixture
 def loaded(tiny_index, tiny_maxsim_dir, maxsim_sidecar, monkeypatch, tmp_path):
     """A budgeted searcher whose costs follow the load of the phase, and the load's setter."""
+    # Measured quiet, as a user calibrates once: the line a calibration fits to these costs.
+    yield from _loaded_searcher(tiny_index, tiny_maxsim_dir, monkeypatch, tmp_path,
+                                fixed_ms=FIXED_MS + BATCH_MS, per_candidate_ms=CANDIDATE_MS)
+
+
+@pytest.fixture
+def measured_busy(tiny_index, tiny_maxsim_dir, maxsim_sidecar, monkeypatch, tmp_path):
+    """As ``loaded``, with a cost model measured while the machine was busy: 75 ms before the first candidate, more
+    than the whole budget."""
+    yield from _loaded_searcher(tiny_index, tiny_maxsim_dir, monkeypatch, tmp_path,
+                                fixed_ms=75.0, per_candidate_ms=3 * CANDIDATE_MS)
+
+
+def _loaded_searcher(tiny_index, tiny_maxsim_dir, monkeypatch, tmp_path, **calibration):
     searcher = RerankingSearcher(tiny_index, "maxsim", model=tiny_maxsim_dir, rerank_depth=20, batch_size=250,
                                  precision="fp32", time_budget_ms=BUDGET_MS)
     model = searcher.reranker.model
@@ -53,10 +67,8 @@ def loaded(tiny_index, tiny_maxsim_dir, maxsim_sidecar, monkeypatch, tmp_path):
 
     monkeypatch.setattr(model, "score", slow_score, raising=False)
     monkeypatch.setattr(model, "encode_query", slow_encode_query, raising=False)
-    # Measured quiet, as a user calibrates once: the line a calibration fits to these costs.
-    save_calibration(Calibration(fixed_ms=FIXED_MS + BATCH_MS, per_candidate_ms=CANDIDATE_MS,
-                                 key=calibration_key(searcher), max_candidates=20,
-                                 measured_at="2026-01-01T00:00:00+00:00"), tmp_path)
+    save_calibration(Calibration(key=calibration_key(searcher), max_candidates=20,
+                                 measured_at="2026-01-01T00:00:00+00:00", **calibration), tmp_path)
     searcher.calibrate(cache_dir=tmp_path)
     yield searcher, load
     searcher.close()
@@ -85,3 +97,29 @@ def test_the_budget_holds_at_p95_while_the_load_comes_and_goes_and_depth_follows
     assert min(stat.scored for stat in quiet_again[-30:]) >= 7
     assert [stat.depth for stat in quiet_again[-30:]] == [8] * 30
     assert searcher.calibration.fixed_ms == pytest.approx(8.4, abs=0.3)
+
+
+def test_a_cost_model_measured_busy_is_corrected_by_its_probes_on_a_quiet_machine(measured_busy, tiny_index):
+    """The model says one candidate costs 90 ms, over the 60 ms budget, so queries rerank nothing and observe nothing;
+    one in PROBE_INTERVAL reranks one candidate anyway. On the quiet machine the probe takes 15 ms, within the
+    budget: the model is refitted to it at once, and the depth comes back to what the quiet machine affords."""
+    from pyserini_mores.search.calibration import PROBE_INTERVAL
+
+    searcher, _ = measured_busy
+    bm25 = open_searcher(tiny_index).search(QUERY, k=20)
+    assert searcher.calibration.depth_for_budget(BUDGET_MS, 20) == 0
+    stats = [searcher.rerank_hits(QUERY, bm25)[1] for _ in range(PROBE_INTERVAL)]
+    before, probe = stats[:-1], stats[-1]
+    assert all((stat.depth, stat.scored, stat.rerank_ms) == (0, 0, 0.0) for stat in before)
+    assert (probe.depth, probe.scored) == (1, 1) and probe.rerank_ms <= BUDGET_MS
+    # The model is the probe's line now: its 1-candidate batch and the rest of its time.
+    probed = searcher.calibration
+    assert probed.predict_ms(1) == pytest.approx(probe.rerank_ms, abs=1e-5)
+    # The next query reranks as deep as that line says fits, and the refits that follow settle where the quiet
+    # machine settles when measured quiet (the test above): 8 candidates.
+    stats.append(searcher.rerank_hits(QUERY, bm25)[1])
+    assert stats[-1].depth == probed.depth_for_budget(BUDGET_MS, 20) >= 5
+    stats += [searcher.rerank_hits(QUERY, bm25)[1] for _ in range(60)]
+    assert statistics.median(stat.scored for stat in stats[-30:]) == 8
+    times = sorted(stat.rerank_ms for stat in stats)
+    assert times[round(0.95 * len(times)) - 1] <= BUDGET_MS

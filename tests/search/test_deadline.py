@@ -271,6 +271,45 @@ def test_a_negative_fitted_slope_buys_no_depth_beyond_what_was_measured_to_fit()
     assert depths == sorted(depths)
 
 
+def test_a_line_above_the_measured_cost_of_one_candidate_does_not_refuse_it():
+    """A cross-encoder measured on a quiet 2-core CPU: costs are not linear in the candidates (the first ones are
+    dearer per candidate than the thousandth), so the least-squares line through 1 to 1,000 candidates started at
+    95.8 ms + 8.55 ms per candidate, while one candidate measured 22.7 ms (the other medians here are chosen to give
+    that line, within 0.1 ms). A 100 ms budget buys that one candidate; the line is kept, for the report and the
+    refits."""
+    points = [(1, 22.7), (10, 135.0), (25, 320.0), (50, 574.0), (100, 1010.0), (250, 2240.0), (500, 4390.0),
+              (1000, 8625.0)]
+    calibration = Calibration.fit(points, max_candidates=1000)
+    assert (calibration.fixed_ms, calibration.per_candidate_ms) == (pytest.approx(95.70, abs=0.01),
+                                                                    pytest.approx(8.549, abs=0.001))
+    assert calibration.line_ms(1) > 100.0 and calibration.predict_ms(1) == 22.7
+    assert calibration.depth_for_budget(100.0, 1000) == 1
+    # Deeper only where a size at least as large was measured to fit: 10 candidates (135 ms) at 200 and 300 ms.
+    assert [calibration.depth_for_budget(budget, 1000) for budget in (22.6, 134.9, 135.0, 200.0, 300.0, 320.0)] == \
+        [0, 1, 10, 10, 10, 25]
+    # Every depth chosen was measured (or a size above it was) within the budget, and depths grow with it.
+    depths = [calibration.depth_for_budget(budget, 1000) for budget in range(0, 9000, 7)]
+    assert depths == sorted(depths)
+    for budget, depth in zip(range(0, 9000, 7), depths):
+        assert depth == max((n for n, ms in points if ms <= budget), default=0), budget
+    # Beyond the largest size measured, never below the line nor the largest median in proportion.
+    assert calibration.predict_ms(2000) == pytest.approx(max(calibration.line_ms(2000), 2 * 8625.0))
+
+
+def test_a_refit_moves_each_measured_point_onto_the_new_line_where_it_was_the_prediction():
+    """The refitted prediction at a measured size is the observed line there, whatever the old line said: the busy
+    machine's 2.91 ms + 229 ms per candidate refuses one candidate under 100 ms, though the measured 22.7 ms times
+    the old line's ratio would not."""
+    calibration = Calibration.fit([(1, 22.7), (10, 135.0), (25, 320.0), (50, 574.0), (100, 1010.0)],
+                                  max_candidates=100)
+    busy = calibration.refitted(2.91, 229.0, at=1)
+    assert [ms for _, ms in busy.points] == pytest.approx([2.91 + 229.0 * n for n in (1, 10, 25, 50, 100)])
+    assert busy.predict_ms(1) == pytest.approx(231.91) and busy.depth_for_budget(100.0, 100) == 0
+    # A point above the envelope (a noisy median above a larger size's) stays above the new line by as much.
+    noisy = Calibration.fit([(1, 30.0), (10, 20.0), (100, 110.0)], max_candidates=100).refitted(10.0, 1.0, at=10)
+    assert [ms for _, ms in noisy.points] == pytest.approx([11.0 * 30.0 / 20.0, 20.0, 110.0])
+
+
 # ------------------------------------------------------------------------------------------------------ sweep
 
 
@@ -518,8 +557,8 @@ def test_a_cost_model_that_leaves_nothing_to_rerank_is_reported_naming_recalibra
     assert warnings == [
         "the 60 ms time budget buys no reranking with maxsim: its cost model (500 ms + 1 ms/candidate, measured "
         "2026-01-01T00:00:00+00:00) predicts 501 ms for a single candidate, so every query keeps its first-stage "
-        "order; if the machine was busy when it was measured, measure it again with --recalibrate (or "
-        "RerankingSearcher.calibrate(recalibrate=True))"]
+        "order but one in 25, which reranks one candidate to time it; if the machine was busy when it was measured, "
+        "measure it again with --recalibrate (or RerankingSearcher.calibrate(recalibrate=True))"]
     assert budget_report(stats, BUDGET_MS)[-1] == (
         "Nothing reranked: 3 of 3 queries, whose depth under the budget was 0 (if the machine was busy when the cost "
         "model was measured: --recalibrate)")
