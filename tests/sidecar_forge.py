@@ -18,7 +18,7 @@ from pyserini_mores.sidecar.format import (
     file_checksum,
     manifest_digest,
 )
-from pyserini_mores.sidecar.integrity import block_crcs
+from pyserini_mores.sidecar.integrity import block_hashes
 
 
 def reseal(path: Path) -> None:
@@ -26,20 +26,21 @@ def reseal(path: Path) -> None:
     data = json.loads((path / MANIFEST).read_text())
     data["manifest_sha256"] = manifest_digest(data)
     manifest = Manifest.from_dict(data)
-    crcs = [block_crcs(path / name, manifest.read_block_bytes) for name in manifest.block_files]
-    table = np.concatenate(crcs).astype("<u4")
+    hashes = [block_hashes(path / name, manifest.read_block_bytes, manifest.read_algorithm)
+              for name in manifest.block_files]
+    table = np.concatenate(hashes)
     table.tofile(path / BLOCK_CHECKSUMS)
     data["files"][BLOCK_CHECKSUMS] = {"bytes": table.nbytes, "sha256": file_checksum(path / BLOCK_CHECKSUMS,
                                                                                    manifest.block_bytes),
-                                      "dtype": "<u4", "shape": [len(table)]}
+                                      "dtype": table.dtype.str, "shape": [len(table)]}
     data["manifest_sha256"] = manifest_digest(data)
     (path / MANIFEST).write_text(json.dumps(data))
 
 
 def to_format_2(path: Path) -> None:
     """Turn the format 3 sidecar at ``path``, built with one window per document, into the format 2 layout it would
-    have had: no ``windows.bin``, no ``window_offsets.bin``, no ``windows`` manifest field (the files that stay are
-    what format 2 wrote; ``checksums.bin`` loses the window files' blocks, which come last)."""
+    have had: no ``windows.bin``, no ``window_offsets.bin``, no ``windows`` manifest field, crc32 block checksums (the
+    files that stay are what format 2 wrote; ``checksums.bin`` loses the window files' blocks, which come last)."""
     data = json.loads((path / MANIFEST).read_text())
     if data["format_version"] < 3:
         return
@@ -48,6 +49,7 @@ def to_format_2(path: Path) -> None:
         data["files"].pop(name, None)
     del data["windows"]
     data["format_version"] = 2
+    data["checksum"]["read_algorithm"] = "crc32"  # the only block hash there was then
     (path / MANIFEST).write_text(json.dumps(data))
     reseal(path)
 

@@ -14,7 +14,8 @@ A sidecar is a directory::
     content_hashes.bin        [num_docs]         uint64 hash of each row's document text (when the index stores text)
     windows.bin               [num_docs + 1]     int64 prefix sums of windows: row i's are windows[i] .. windows[i+1]-1
     window_offsets.bin        [num_windows + 1]  int64 token offsets: window k is tokens[wo[k]:wo[k+1]]
-    checksums.bin             [blocks]           uint32 crc32 of every READ_BLOCK_BYTES block of the files above
+    checksums.bin             [blocks]           uint64 xxh3_64 (uint32 crc32 before) of every READ_BLOCK_BYTES block of
+                                                 the files above
 
 A compressed sidecar (:mod:`.codecs`) has a codec name as its ``dtype`` and a ``codec`` manifest field; its
 ``tokens.bin`` holds uint8 codes ``[num_tokens, codec.code_size]``.
@@ -22,8 +23,10 @@ A compressed sidecar (:mod:`.codecs`) has a codec name as its ``dtype`` and a ``
 All files are flat little-endian arrays without headers. Whole-file checksums (``verify``) are "sha256-blocks": the
 sha256 of the concatenated raw sha256 digests of consecutive ``block_bytes``-sized blocks of the file (an empty file
 has no blocks); unlike a plain sha256 it can be carried across an interrupted build by re-reading at most one block.
-``checksums.bin`` holds the crc32 of every ``read_block_bytes`` block of each data file, in :attr:`Manifest.block_files`
-order, over the raw bytes (whatever the codec): a reader checks a block the first time it reads from it. The
+``checksums.bin`` holds the hash named by the manifest's ``checksum.read_algorithm`` (:data:`READ_CHECKSUM_DTYPES`:
+``xxh3_64`` as written now, ``crc32`` in sidecars written before) of every ``read_block_bytes`` block of each data
+file, in :attr:`Manifest.block_files` order, over the raw bytes (whatever the codec): a reader checks a block the
+first time it reads from it. The
 manifest's own ``manifest_sha256`` covers every other field, so an edited dtype, width or count is refused.
 
 A document longer than the model reads is stored as overlapping windows (:mod:`pyserini_mores.windows`), each
@@ -80,9 +83,14 @@ PARTIAL_SUFFIX = ".partial"
 CHECKSUM_ALGORITHM = "sha256-blocks"
 DEFAULT_BLOCK_BYTES = 64 * 1024 * 1024
 # Blocks checked on first read: small enough that a candidate's few rows cost little more than their own bytes.
-READ_CHECKSUM_ALGORITHM = "crc32"
 READ_BLOCK_BYTES = 16 * 1024
-BLOCK_CHECKSUM_DTYPE = np.dtype("<u4")
+# Hashes of those blocks, by ``checksum.read_algorithm``, and the dtype of their entries in checksums.bin. Sidecars
+# are written with xxh3_64 (several times faster than crc32 per byte, which a block's first read pays); crc32, what
+# sidecars were written with before, is still read.
+READ_CHECKSUM_DTYPES: dict[str, np.dtype] = {"xxh3_64": np.dtype("<u8"), "crc32": np.dtype("<u4")}
+READ_CHECKSUM_ALGORITHM = "xxh3_64"
+# A manifest of format 2 or later without the field was written before there was a choice.
+LEGACY_READ_CHECKSUM_ALGORITHM = "crc32"
 CONTENT_DTYPE = np.dtype("<u8")
 
 # Ranges a manifest value must lie in before it sizes an array or a read (far above any real sidecar).
@@ -278,6 +286,11 @@ class Manifest:
     def read_block_bytes(self) -> int:
         return int(self.checksum.get("read_block_bytes", READ_BLOCK_BYTES))
 
+    @property
+    def read_algorithm(self) -> str:
+        """The hash of ``checksums.bin`` (a key of :data:`READ_CHECKSUM_DTYPES`)."""
+        return str(self.checksum.get("read_algorithm", LEGACY_READ_CHECKSUM_ALGORITHM))
+
     def block_ranges(self) -> dict[str, tuple[int, int]]:
         """Each covered file's ``[first, end)`` entries in ``checksums.bin``."""
         ranges, start = {}, 0
@@ -398,7 +411,7 @@ class Manifest:
         if self.has_block_checksums:
             blocks = sum(-(-math.prod(shape) * dtype.itemsize // self.read_block_bytes)
                          for dtype, shape in layout.values())
-            layout[BLOCK_CHECKSUMS] = (BLOCK_CHECKSUM_DTYPE, (blocks,))
+            layout[BLOCK_CHECKSUMS] = (READ_CHECKSUM_DTYPES[self.read_algorithm], (blocks,))
         return layout
 
     def expected_bytes(self) -> dict[str, int]:
@@ -463,9 +476,10 @@ def _check_ranges(data: Mapping[str, Any], source: str) -> None:
         if not _int_in(value, low, high):
             raise SidecarCorruptError(f"{source}: field 'checksum.{name}' is {value!r}, not an integer in "
                                       f"[{low}, {high}]")
-    if checksum.get("read_algorithm", READ_CHECKSUM_ALGORITHM) != READ_CHECKSUM_ALGORITHM:
-        raise SidecarCorruptError(f"{source}: field 'checksum.read_algorithm' is "
-                                  f"{checksum.get('read_algorithm')!r}, not {READ_CHECKSUM_ALGORITHM!r}")
+    algorithm = checksum.get("read_algorithm", LEGACY_READ_CHECKSUM_ALGORITHM)
+    if not isinstance(algorithm, str) or algorithm not in READ_CHECKSUM_DTYPES:
+        raise SidecarCorruptError(f"{source}: field 'checksum.read_algorithm' is {algorithm!r}, not one of "
+                                  f"{', '.join(map(repr, READ_CHECKSUM_DTYPES))}")
     codec = data.get("codec", {})
     for name, high in (("code_size", MAX_DIM * 4), ("parameter_count", 1 << 32)):
         if name in codec and not _int_in(codec[name], 1, high):

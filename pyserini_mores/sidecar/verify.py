@@ -73,7 +73,7 @@ def verify_sidecar(path: str | os.PathLike) -> list[str]:
                 problems.append(f"{name}: checksum mismatch: the manifest records {short_hash(recorded)} but the "
                                 f"file hashes to {short_hash(actual)} (its content changed since the build)")
     arrays = {name: _open(path, manifest, name) for name in sized}
-    # The crc32 blocks a reader checks on first read must agree with files whose sha256 does (a file whose sha256
+    # The block hashes a reader checks on first read must agree with files whose sha256 does (a file whose sha256
     # differs is reported above already).
     if BLOCK_CHECKSUMS in arrays and BLOCK_CHECKSUMS in intact:
         checker = BlockChecker(path, manifest, arrays.__getitem__)

@@ -40,6 +40,7 @@ from .format import (
     OFFSETS,
     READ_BLOCK_BYTES,
     READ_CHECKSUM_ALGORITHM,
+    READ_CHECKSUM_DTYPES,
     STORAGE_DTYPES,
     TOKENS,
     WINDOW_OFFSETS,
@@ -55,7 +56,7 @@ from .format import (
     json_normalized,
     partial_path,
 )
-from .integrity import block_crcs
+from .integrity import block_hashes
 
 logger = logging.getLogger(__name__)
 
@@ -352,8 +353,10 @@ class SidecarWriter:
             created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             library={"name": "pyserini_mores", "version": __version__})
         # The read-path block checksums are computed from the files as they are on disk, after the last write.
-        crcs = [block_crcs(self.partial_path / name, READ_BLOCK_BYTES) for name in manifest.block_files]
-        self._write_static(BLOCK_CHECKSUMS, np.concatenate(crcs) if crcs else np.zeros(0, dtype="<u4"))
+        hashes = [block_hashes(self.partial_path / name, READ_BLOCK_BYTES, READ_CHECKSUM_ALGORITHM)
+                  for name in manifest.block_files]
+        self._write_static(BLOCK_CHECKSUMS, np.concatenate(hashes) if hashes else
+                           np.zeros(0, dtype=READ_CHECKSUM_DTYPES[READ_CHECKSUM_ALGORITHM]))
         checksums[BLOCK_CHECKSUMS] = tuple(self._static_files[BLOCK_CHECKSUMS].values())
         for name, (dtype, shape) in manifest.expected_layout().items():
             size, checksum = checksums[name]

@@ -140,6 +140,10 @@ def test_an_edited_dtype_is_refused_by_search_verify_and_info(indexed, tiny_maxs
     ("dim", True, "field 'dim' is missing or not an integer"),
     ("checksum", {"algorithm": "sha256-blocks", "block_bytes": "67108864"},
      "field 'checksum.block_bytes' is '67108864', not an integer"),
+    ("checksum", {"algorithm": "sha256-blocks", "block_bytes": 67108864, "read_algorithm": "md5"},
+     "field 'checksum.read_algorithm' is 'md5', not one of 'xxh3_64', 'crc32'"),
+    ("checksum", {"algorithm": "sha256-blocks", "block_bytes": 67108864, "read_algorithm": 32},
+     "field 'checksum.read_algorithm' is 32, not one of 'xxh3_64', 'crc32'"),
 ])
 def test_absurd_manifest_values_are_one_error_line(indexed, tiny_maxsim_dir, tmp_path, capsys, field, value,
                                                    message):
@@ -341,6 +345,75 @@ def test_blocks_are_checked_on_first_read_and_remembered(tmp_path):
     reader.get(3)
     with pytest.raises(SidecarIntegrityError):
         SidecarReader(path).get(3)
+
+
+def _blocks_sidecar(path: Path, algorithm: str) -> list[np.ndarray]:
+    """64 documents of 100 float16 tokens of dim 64 (12,800 bytes each: 50 blocks of 16 KiB in all), with block
+    checksums of ``algorithm`` (crc32: as sidecars written before xxh3_64 have them); the documents."""
+    from sidecar_forge import reseal
+
+    docids = [f"doc{i}" for i in range(64)]
+    rng = np.random.default_rng(0)
+    docs = [rng.standard_normal((100, 64)).astype(np.float32) for _ in docids]
+    with SidecarWriter(path, dim=64, docids=docids, model={"model_type": "t", "store_variant": "v",
+                                                            "fingerprint": "f" * 64},
+                       index={"num_docs": 64}) as writer:
+        writer.add(docs)
+    if algorithm != "xxh3_64":
+        manifest = json.loads((path / "manifest.json").read_text())
+        manifest["checksum"]["read_algorithm"] = algorithm
+        (path / "manifest.json").write_text(json.dumps(manifest))
+        reseal(path)
+    return docs
+
+
+@pytest.mark.parametrize("algorithm, dtype", [("xxh3_64", "<u8"), ("crc32", "<u4")])
+def test_a_flipped_bit_in_a_batched_first_read_is_refused_whatever_the_block_hash(tmp_path, capsys, algorithm,
+                                                                                  dtype):
+    """A read of many blocks at once (every document in one batch) hashes them together, and one flipped bit anywhere
+    in them is refused with the block's byte range, the blocks before it remembered as good and it not; sidecars
+    with crc32 block checksums (written before xxh3_64) open, read and verify as before."""
+    from pyserini_mores.sidecar import SidecarIntegrityError, verify_sidecar
+
+    path = tmp_path / "s"
+    docs = _blocks_sidecar(path, algorithm)
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["checksum"]["read_algorithm"] == algorithm and manifest["files"]["checksums.bin"]["dtype"] == dtype
+    intact = (path / "tokens.bin").read_bytes()
+    assert len(intact) == 64 * 12800 and verify_sidecar(path) == []
+    assert sidecar_main(["verify", str(path)]) == 0
+    capsys.readouterr()
+    docs_read, lengths = SidecarReader(path).get_batch(np.arange(64))
+    assert lengths.tolist() == [100] * 64 and np.array_equal(docs_read.numpy(), np.stack(docs).astype(np.float16))
+    # Every bit of the first and the last byte of block 31, and of a byte inside it: the same block, the same line.
+    for position in (31 * 16384, 31 * 16384 + 5000, 32 * 16384 - 1):
+        for bit in range(8):
+            damaged = bytearray(intact)
+            damaged[position] ^= 1 << bit
+            (path / "tokens.bin").write_bytes(bytes(damaged))
+            reader = SidecarReader(path)
+            with pytest.raises(SidecarIntegrityError) as refused:
+                reader.get_batch(np.arange(64))
+            assert str(refused.value) == (
+                f"sidecar {path} is damaged: {path / 'tokens.bin'} bytes [507904, 524288) do not match their "
+                f"checksum in checksums.bin; rebuild the sidecar (`python -m pyserini_mores.sidecar verify {path}` "
+                f"lists every problem)"), (position, bit)
+            verified = reader._blocks._verified["tokens.bin"]
+            assert verified[:31].all() and not verified[31:].any()
+            with pytest.raises(SidecarIntegrityError):  # not remembered as good
+                reader.get_spans(np.array([31 * 16384 // 128]), np.array([1]))
+            reader.get_batch(np.arange(39))  # rows 0-38 end in block 30 (39 * 12800 < 31 * 16384): served
+    assert [problem.split(":")[:2] for problem in verify_sidecar(path)] == [["tokens.bin", " checksum mismatch"]]
+    # A manifest whose whole-file checksum was recomputed over the damage (as a writer's bug would): verify still
+    # finds the block, by the block hashes.
+    from pyserini_mores.sidecar.format import file_checksum, manifest_digest
+
+    manifest["files"]["tokens.bin"]["sha256"] = file_checksum(path / "tokens.bin", manifest["checksum"]["block_bytes"])
+    manifest["manifest_sha256"] = manifest_digest(manifest)
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    assert verify_sidecar(path) == ["tokens.bin: 1 block(s) of 16384 bytes do not match checksums.bin (blocks 31)"]
+    assert sidecar_main(["verify", str(path)]) == 1
+    assert "tokens.bin: 1 block(s) of 16384 bytes do not match checksums.bin (blocks 31)" in capsys.readouterr().out
 
 
 # ---- the indexer reports what it does not index ------------------------------------------------------------------
