@@ -618,6 +618,21 @@ def test_a_refit_follows_the_medians_of_fixed_and_per_candidate_costs_apart():
     assert refit.fixed_ms[-1] == 12.0
 
 
+def test_a_probe_that_contradicts_the_model_refits_it_alone_even_within_the_drift_factor():
+    """62 ms predicted for one candidate keeps a 60 ms budget at depth 0; a probe that reranked one in 58 ms (within
+    DRIFT_FACTOR of the prediction, which an ordinary query would leave alone) is the whole window, and the model."""
+    from pyserini_mores.search.calibration import DRIFT_FACTOR, CostRefit
+
+    model = Calibration(fixed_ms=55.0, per_candidate_ms=7.0)
+    assert model.depth_for_budget(60.0, 10) == 0 and 1 / DRIFT_FACTOR < 58 / 62
+    refit = CostRefit()
+    for _ in range(10):  # ordinary queries at the same times: counted, no refit
+        assert refit.observe(model, 1, 58.0, 6.0) is None
+    refitted, ratio = refit.observe(model, 1, 58.0, 6.0, conclusive=True)
+    assert (refitted.fixed_ms, refitted.per_candidate_ms) == (52.0, 6.0) and ratio == pytest.approx(58 / 62)
+    assert refit.queries == 1 and refitted.depth_for_budget(60.0, 10) == 1
+
+
 def test_a_refitted_cost_model_round_trips_and_keeps_its_measurement():
     measured = Calibration.fit([(1, 10.0), (10, 19.0), (100, 109.0)], max_candidates=100, key={"reranker": "x"},
                                measured_at="2026-01-01T00:00:00+00:00")
