@@ -75,8 +75,8 @@ REFIT_WINDOW = 15
 DRIFT_FACTOR = 1.15
 DRIFT_MIN_QUERIES = 8
 #: Of the queries whose depth under their budget is 0, every this-many-th reranks one candidate (a probe) so that the
-#: model is observed: a probe may overrun the budget, and at most 1 / PROBE_INTERVAL of the queries are probes, so
-#: the 95th percentile of the rerank times is not a probe's.
+#: model is observed. A probe may overrun the budget; at most 1 / PROBE_INTERVAL (4%) of the queries are probes,
+#: fewer than the 5% above a p95.
 PROBE_INTERVAL = 25
 
 @dataclass(frozen=True)

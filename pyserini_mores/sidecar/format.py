@@ -85,7 +85,7 @@ DEFAULT_BLOCK_BYTES = 64 * 1024 * 1024
 # Blocks checked on first read: small enough that a candidate's few rows cost little more than their own bytes.
 READ_BLOCK_BYTES = 16 * 1024
 # Hashes of those blocks, by ``checksum.read_algorithm``, and the dtype of their entries in checksums.bin. Sidecars
-# are written with xxh3_64 (several times faster than crc32 per byte, which a block's first read pays); crc32, what
+# are written with xxh3_64 (faster than crc32 per byte, which a block's first read pays); crc32, what
 # sidecars were written with before, is still read.
 READ_CHECKSUM_DTYPES: dict[str, np.dtype] = {"xxh3_64": np.dtype("<u8"), "crc32": np.dtype("<u4")}
 READ_CHECKSUM_ALGORITHM = "xxh3_64"

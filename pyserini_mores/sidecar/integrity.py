@@ -6,8 +6,8 @@ codec). A reader keeps one bit per block: a block is hashed the first time a rea
 mismatch raises :class:`SidecarIntegrityError` before its bytes reach a score.
 
 What a first read pays is the hashing itself, so the loop over a read's blocks does nothing else per block: one
-memoryview of the file's bytes sliced per block (slicing the memmap would build a numpy view per block, which costs
-more than hashing 16 KiB with xxh3), and the hashes compared with the stored ones, and the blocks marked, in one
+memoryview of the file's bytes sliced per block (slicing the memmap would build a numpy view per block, a cost of
+the order of hashing the block), and the hashes compared with the stored ones, and the blocks marked, in one
 vectorised step per read.
 """
 from __future__ import annotations
