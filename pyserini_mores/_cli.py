@@ -84,17 +84,14 @@ def define_window_args(parser: argparse.ArgumentParser) -> None:
 def window_options(args: argparse.Namespace) -> dict[str, Any]:
     """The reranker keywords of :func:`define_window_args`' flags: ``aggregate`` and ``windows`` (a
     :class:`~pyserini_mores.windows.WindowOptions`, checked), each only when given."""
-    from .errors import UsageError
     from .windows import WindowOptions
 
     options: dict[str, Any] = {}
     if args.aggregate is not None:
         options["aggregate"] = args.aggregate
     if args.window is not None or args.stride is not None or args.max_windows is not None:
-        if args.max_windows is None:
-            raise UsageError("--window and --stride cut a document into windows: give --max-windows N too (the "
-                             "most windows of one document)")
-        options["windows"] = WindowOptions(args.window, args.stride, args.max_windows)
+        # a window or stride without --max-windows N > 1 is refused by WindowOptions itself
+        options["windows"] = WindowOptions(args.window, args.stride, args.max_windows or 1)
     return options
 
 

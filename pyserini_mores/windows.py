@@ -53,7 +53,8 @@ class WindowOptions:
         window: tokens per window (the model's tokenizer's tokens: WordPieces, or words for a word-level TK); ``None``
             = what the model reads of a document (:func:`document_capacity`).
         stride: tokens from one window's start to the next's; ``None`` = ``window`` (windows that touch, no overlap).
-        max_windows: the most windows of one document (its first ones); 1 = truncation, as without windows.
+        max_windows: the most windows of one document (its first ones); 1 = truncation, as without windows, and
+            then ``window`` and ``stride`` must be ``None`` (a window of one document is what the model reads).
     """
 
     window: int | None = None
@@ -69,6 +70,10 @@ class WindowOptions:
         if self.window is not None and self.stride is not None and self.stride > self.window:
             raise UsageError(f"--stride {self.stride} is longer than --window {self.window}: text between windows "
                              "would be read by none")
+        if not self.windowed and (self.window is not None or self.stride is not None):
+            # one window is what the model reads of a document, whatever --window says: refused, not ignored
+            raise UsageError("--window and --stride cut a document into windows: give --max-windows N too (the most "
+                             "windows of one document)")
 
     @property
     def windowed(self) -> bool:

@@ -128,6 +128,9 @@ def test_rerank_depth_is_checked_by_the_searcher_too(tiny_index):
     (["--reranker", "mores", "--window", "64"],
      "error: --window and --stride cut a document into windows: give --max-windows N too (the most windows of one "
      "document)"),
+    (["--reranker", "mores", "--window", "64", "--max-windows", "1"],
+     "error: --window and --stride cut a document into windows: give --max-windows N too (the most windows of one "
+     "document)"),
     (["--reranker", "mores", "--window", "8", "--stride", "9", "--max-windows", "2"],
      "error: --stride 9 is longer than --window 8: text between windows would be read by none"),
     (["--max-windows", "0"],
@@ -178,6 +181,9 @@ def test_the_aggregation_and_windows_reach_the_reranker_from_python(tiny_index, 
     ("search", ["--index", "x"], "error: --index and --topics go together (give neither to run the embedded "
                                  "sample)"),
     ("sidecar", ["build", "--index", "x", "--output", "y"], "error: --reranker is required"),
+    ("sidecar", ["build", "--index", "x", "--reranker", "tk", "--output", "y", "--window", "64"],
+     "error: --window and --stride cut a document into windows: give --max-windows N too (the most windows of one "
+     "document)"),
     ("train", ["mine-negatives", "--topics", "t", "--qrels", "q", "--output", "o"],
      "error: mine-negatives needs --index, or both --run and --collection"),
     ("train", ["mine-negatives", "--index", "x", "--topics", "t", "--qrels", "q", "--output", "o", "--depth", "0"],

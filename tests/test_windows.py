@@ -3,6 +3,8 @@ windows are cut, that window 0 is what the model reads without windows, what eac
 against values computed by hand, and the options' refusals."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -109,18 +111,23 @@ def test_each_aggregation_against_values_computed_by_hand():
     (dict(window=True), "--window must be a positive number of tokens, not True"),
     (dict(max_windows=0), "--max-windows must be a positive integer, not 0"),
     (dict(window=8, stride=9), "--stride 9 is longer than --window 8: text between windows would be read by none"),
+    # one window per document is what the model reads: a window or stride with it would be silently ignored
+    (dict(window=64), "--window and --stride cut a document into windows: give --max-windows N too (the most windows "
+                      "of one document)"),
+    (dict(stride=32, max_windows=1), "--window and --stride cut a document into windows: give --max-windows N too "
+                                     "(the most windows of one document)"),
 ])
 def test_window_options_are_checked_when_made(options, message):
-    with pytest.raises(UsageError, match=f"^{message}$"):
+    with pytest.raises(UsageError, match=f"^{re.escape(message)}$"):
         WindowOptions(**options)
 
 
 def test_window_options_resolve_against_the_models_capacity():
     assert WindowOptions().resolved(126) == (126, 126)
-    assert WindowOptions(stride=63).resolved(126) == (126, 63)
-    assert WindowOptions(window=64).resolved(126) == (64, 64)
+    assert WindowOptions(stride=63, max_windows=2).resolved(126) == (126, 63)
+    assert WindowOptions(window=64, max_windows=2).resolved(126) == (64, 64)
     with pytest.raises(UsageError, match="--window 200 is longer than the 126 tokens the model reads of a document"):
-        WindowOptions(window=200).resolved(126)
+        WindowOptions(window=200, max_windows=2).resolved(126)
 
 
 def test_an_aggregation_is_checked_against_the_model():

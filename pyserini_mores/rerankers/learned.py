@@ -28,7 +28,7 @@ from ..models import (
 )
 from ..models.checks import check_config, check_model_name
 from ..precision import resolve_device, resolve_precision
-from ..sidecar import BatchBuffer, SidecarRowMismatchError, open_sidecar
+from ..sidecar import BatchBuffer, SidecarRowMismatchError, open_sidecar, recorded_windows
 from ..types import Query, Text, copy_candidates
 from ..windows import (
     DEFAULT_AGGREGATION,
@@ -261,32 +261,45 @@ class ModelReranker(Reranker):
     def rerank(self, query: Query | str, texts: list[Text], *, explain: bool = False) -> list[Text]:
         """As :meth:`Reranker.rerank`; with ``explain=True`` each text also gets
         ``metadata['explanation']``: the numbers behind its score as plain lists (for TK: per-kernel log and length
-        scores and contributions, per-query-term kernel mass, the match matrix — the paper's Figure 3)."""
+        scores and contributions, per-query-term kernel mass, the match matrix — the paper's Figure 3). With windows
+        (long documents) those numbers are each scored window's, in ``explanation['windows']`` (a document's first
+        window first; only the first under ``firstp``), beside ``aggregate`` and the aggregated ``score``."""
         ranked = super().rerank(query, texts)
         if explain:
             self._attach_explanations(query if isinstance(query, Query) else Query(query), ranked)
         return ranked
 
     def _attach_explanations(self, query: Query, texts: list[Text]) -> None:
+        """Explain the windows the scores came from: the sidecar's stored windows, or the windows cut from the
+        text, each read as :meth:`rerank` scored it."""
         model = self.model
         if not model.capabilities.explains_scores or model.store_width is None:  # the numbers of TK's ``explain``
             raise ValueError(f"reranker '{self.name}' cannot explain its scores")
+        first_only = self.aggregate == "firstp"
+        if self.sidecar is not None:
+            starts, spans, owners = self.sidecar.window_spans(self._sidecar_rows(texts), first_only=first_only)
+        else:
+            pieces, owners = self._window_texts([_require_text(text, self.name) for text in texts],
+                                                first_only=first_only)
+        explained: list[dict] = []
         with torch.inference_mode():
             query_state = model.encode_query(self._on_device(model.tokenize_queries([query.text])))
-            for start in range(0, len(texts), self.batch_size):
-                chunk = texts[start:start + self.batch_size]
+            for start in range(0, len(owners), self.batch_size):
+                chunk = slice(start, start + self.batch_size)
                 if self.sidecar is not None:
-                    docs, lengths = self._read_batch(self._sidecar_rows(chunk), torch.float32)
+                    docs, lengths = self._read_spans(starts[chunk], spans[chunk], torch.float32)
                 else:
-                    batch = self._on_device(model.tokenize_documents([_require_text(text, self.name)
-                                                                      for text in chunk]))
-                    docs, lengths = self._padded(model.encode_documents(batch))
+                    docs, lengths = self._padded(model.encode_documents(
+                        self._on_device(model.tokenize_documents(pieces[chunk]))))
                 numbers = model.explain(query_state, docs, lengths)
-                for i, text in enumerate(chunk):
-                    text.metadata["explanation"] = {
-                        key: (value[i] if _per_document(value, len(chunk)) else value).tolist()
-                        for key, value in numbers.items() if isinstance(value, torch.Tensor)
-                    }
+                explained.extend({key: (value[i] if _per_document(value, len(docs)) else value).tolist()
+                                  for key, value in numbers.items() if isinstance(value, torch.Tensor)}
+                                 for i in range(len(docs)))
+        windowed = self.text_windows.windowed
+        for position, text in enumerate(texts):
+            windows = [explained[j] for j in np.flatnonzero(owners == position)]
+            text.metadata["explanation"] = windows[0] if not windowed else \
+                {"aggregate": self.aggregate, "score": text.score, "windows": windows}
 
     def score_documents(self, query: str, documents, doc_ids=None, batch_size: int | None = None) -> np.ndarray:
         """As :meth:`Reranker.score_documents`: read from the sidecar when there is one and ``doc_ids`` name the
@@ -554,15 +567,55 @@ def _check_sidecar_windows(sidecar, windows: WindowOptions | None, capacity: int
     stored = getattr(sidecar, "windows", None) or WindowOptions()
     asked, built = _as_flags(windows, capacity), _as_flags(stored, capacity)
     if asked != built:
-        raise UsageError(f"windows {asked} differ from the {built} sidecar {sidecar.path} stores; its windows are "
-                         "cut when it is built: leave out --window, --stride and --max-windows, or build a sidecar "
-                         "with these windows")
+        raise _other_windows(asked, built, sidecar.path)
+
+
+def check_windows_before_loading(sidecar, windows: WindowOptions | None) -> None:
+    """Refuse ``windows`` asked of a reranker whose sidecar (a path or an open reader) stores other windows, from
+    the sidecar's manifest alone, before a model loads: the manifest of a windowed sidecar records the tokens its
+    model reads (``capacity``), so the windows compare as the check when the sidecar attaches compares them; of one
+    without (one window per document) only the number of windows is known, which is what differs. Where the
+    manifest cannot say, the check when the sidecar attaches decides."""
+    path = sidecar if isinstance(sidecar, (str, os.PathLike)) else getattr(sidecar, "path", None)
+    if windows is None or path is None:
+        return
+    settings = recorded_windows(path)
+    if settings is None:
+        return
+    max_windows = settings["max_windows"]
+    stored = WindowOptions(settings["window"], settings["stride"], max_windows) if max_windows > 1 else \
+        WindowOptions()
+    capacity = settings["capacity"]
+    if capacity is not None:
+        try:
+            asked = _as_flags(windows, capacity)
+        except UsageError:  # a window longer than the sidecar's model reads: said once the model is known
+            return
+        built = _as_flags(stored, capacity)
+    elif windows.max_windows != max_windows:
+        asked, built = _given_flags(windows), _given_flags(stored)
+    else:
+        return
+    if asked != built:
+        raise _other_windows(asked, built, path)
+
+
+def _other_windows(asked: str, built: str, path) -> UsageError:
+    return UsageError(f"windows {asked} differ from the {built} sidecar {path} stores; its windows are cut when it "
+                      "is built: leave out --window, --stride and --max-windows, or build a sidecar with these "
+                      "windows")
 
 
 def _as_flags(windows: WindowOptions, capacity: int) -> str:
     """``windows`` as the flags that give them, window and stride in tokens for a model that reads ``capacity``."""
     window, stride = windows.resolved(capacity)
     return f"--window {window} --stride {stride} --max-windows {windows.max_windows}"
+
+
+def _given_flags(windows: WindowOptions) -> str:
+    """``windows`` as the flags given for them, where the tokens a model reads are not known yet."""
+    given = (("--window", windows.window), ("--stride", windows.stride), ("--max-windows", windows.max_windows))
+    return " ".join(f"{flag} {value}" for flag, value in given if value is not None)
 
 
 # (sidecar path, reranker precision) pairs already warned about in this process.
@@ -635,6 +688,7 @@ def learned_reranker_factory(model_type: str):
             raise TypeError(f"windows must be a WindowOptions, not {type(windows).__name__}")
         if not isinstance(device, torch.device):  # a resolved one (RerankerOptions.resolved) is used as it is
             device = resolve_device(device)  # a GPU that is not there fails now, not after the model has loaded
+        check_windows_before_loading(sidecar, windows)
         if isinstance(model, RankingModel):
             if model_overrides:
                 raise TypeError("config overrides need a model name or path, not a model instance")

@@ -18,6 +18,7 @@ from ..formats import RunFormat
 from ..index import ResolvedIndex, fetch_texts, index_identity, open_searcher, resolve_index
 from ..models.loading import shipped_model_path
 from ..rerankers import Reranker, get_reranker
+from ..rerankers.learned import check_windows_before_loading
 from ..rerankers.options import RerankerOptions
 from ..rerankers.pacing import BatchPace, QueryPace
 from ..sidecar import SidecarContentMismatchError, default_sidecar_path, open_sidecar
@@ -160,6 +161,9 @@ class RerankingSearcher:
         elif reranker_kwargs:
             raise TypeError(f"{', '.join(sorted(reranker_kwargs))}: options of a reranker built by name, not of the "
                             "Reranker given")
+        if reranker_options is not None and stage.sidecar not in (None, "auto"):
+            # a sidecar named here stores its windows: other windows are refused before the model loads
+            check_windows_before_loading(stage.sidecar, reranker_options.windows)
         self.first_stage_options, self.stage_options = first_stage_options, stage
 
         self.index = index if isinstance(index, ResolvedIndex) else resolve_index(index)

@@ -22,6 +22,7 @@ from .format import (
 from .integrity import SidecarIntegrityError
 from .reader import BatchBuffer, SidecarReader
 from .sharded_reader import ShardedSidecarReader, open_sidecar
+from .shards import recorded_windows
 from .verify import verify_sidecar
 from .writer import SidecarWriter
 
@@ -44,5 +45,6 @@ __all__ = [
     "default_sidecar_path",
     "open_sidecar",
     "read_manifest",
+    "recorded_windows",
     "verify_sidecar",
 ]

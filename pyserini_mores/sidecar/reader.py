@@ -339,12 +339,15 @@ class SidecarReader(ManifestMetadata):
     @property
     def windows(self) -> WindowOptions | None:
         """How the build cut documents into windows (window and stride as resolved for the model, in tokens; None
-        where the build did not record them), or None for a format-2 or older sidecar (one window per row)."""
+        where the build did not record them; a build of one window per document is ``WindowOptions()``, what the
+        model reads), or None for a format-2 or older sidecar (one window per row)."""
         if not self.manifest.has_windows:
             return None
         from ..windows import WindowOptions
 
         settings = self.manifest.windows
+        if int(settings["max_windows"]) == 1:
+            return WindowOptions()
         return WindowOptions(window=settings.get("window"), stride=settings.get("stride"),
                              max_windows=int(settings["max_windows"]))
 

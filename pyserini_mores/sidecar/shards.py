@@ -199,6 +199,24 @@ def shards_format_version(manifest: ShardedManifest, root: Path) -> int:
     return min(versions, default=FORMAT_VERSION)
 
 
+def recorded_windows(path: str | os.PathLike) -> dict[str, int | None] | None:
+    """The window settings recorded by the manifest of the sidecar at ``path`` (``window``, ``stride``,
+    ``max_windows``, ``capacity``: tokens, or None where not recorded), ``{"max_windows": 1, ...}`` for one stored
+    without a window map (one window per row); of a sharded sidecar, its first shard's (every shard shares the build
+    id that covers them). From the manifests' JSON alone, so before any model loads; None when a manifest cannot be
+    read (opening the sidecar says what is wrong)."""
+    try:
+        if is_sharded(path):
+            manifest = read_manifest(read_sharded_manifest(path).shards[0].resolve(Path(path)))
+        else:
+            manifest = read_manifest(path)
+    except (SidecarError, IndexError):
+        return None
+    if not manifest.has_windows:
+        return {"window": None, "stride": None, "max_windows": 1, "capacity": None}
+    return {name: manifest.windows.get(name) for name in ("window", "stride", "max_windows", "capacity")}
+
+
 # ---- validation shared by assemble, the reader and verify -------------------------------------------------------
 def rows_text(start: int, end: int) -> str:
     return f"rows [{start}, {end})"

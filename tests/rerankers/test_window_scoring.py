@@ -84,6 +84,24 @@ def _sidecar(tmp_path, model, texts: list[str]):
     return open_sidecar(path, expect_model_fingerprint=model.store_fingerprint())
 
 
+def _windowed_sidecar(tmp_path, model, texts: list[str], windows: WindowOptions):
+    """A float32 sidecar of ``model``'s documents cut into ``windows``, each window encoded alone."""
+    capacity = document_capacity(model)
+    pieces, owners = split_texts(texts, model.tokenizer, capacity, windows)
+    with torch.no_grad():
+        reps = [model.encode_documents(model.tokenize_documents([piece]))[0] for piece in pieces]
+    window, stride = windows.resolved(capacity)
+    writer = SidecarWriter(tmp_path / f"{model.model_type}-windowed", dim=model.store_width, dtype="float32",
+                           docids=[f"d{i}" for i in range(len(texts))],
+                           model={"model_type": model.model_type, "store_variant": model.store_variant,
+                                  "fingerprint": model.store_fingerprint()},
+                           index={"num_docs": len(texts), "signature": "test:windows"},
+                           windows={"window": window, "stride": stride, "max_windows": windows.max_windows,
+                                    "capacity": capacity})
+    writer.add([rep.float() for rep in reps], windows=np.bincount(owners, minlength=len(texts)))
+    return open_sidecar(writer.finalize(), expect_model_fingerprint=model.store_fingerprint())
+
+
 def _texts(documents: list[str]) -> list[Text]:
     return [Text(text, {"docid": f"d{i}", "lucene_docid": i}, score=float(-i)) for i, text in enumerate(documents)]
 
@@ -273,3 +291,29 @@ def test_under_a_deadline_a_candidate_is_kept_only_with_all_its_windows(models, 
         aggregated = reranker._aggregated(scores[:scored], owners, len(documents))
         assert len(aggregated) == complete
         assert aggregated.tolist() == [float(np.flatnonzero(owners == i).max()) for i in range(complete)]
+
+
+@pytest.mark.parametrize("stored", [False, True], ids=["from-text", "from-sidecar"])
+def test_tk_explains_each_window_it_scored(models, documents, tmp_path, stored):
+    """With windows, TK's explanation holds each scored window's numbers (the windows of the text, or the sidecar's),
+    which give that window's score, beside the aggregation and the document's score."""
+    model = models["tk"]
+    sidecar = _windowed_sidecar(tmp_path, model, documents, WINDOWS) if stored else None
+    counts = np.bincount(split_texts(documents, model.tokenizer, document_capacity(model), WINDOWS)[1])
+    assert counts.max() >= 3 and counts.min() == 1
+    for how in ("firstmaxp", "firstp"):
+        reranker = ModelReranker(model, sidecar, aggregate=how, windows=None if stored else WINDOWS,
+                                 precision="fp32", device="cpu")
+        window_scores, owners = reranker.score_windows(QUERY, _texts(documents))
+        for text in reranker.rerank(Query(QUERY), _texts(documents), explain=True):
+            explanation, position = text.metadata["explanation"], int(text.id[1:])
+            assert (explanation["aggregate"], explanation["score"]) == (how, text.score)
+            windows = explanation["windows"]
+            assert len(windows) == (counts[position] if how == "firstmaxp" else 1)
+            np.testing.assert_allclose([window["score"] for window in windows],
+                                       window_scores[owners == position][:len(windows)], rtol=1e-5, atol=1e-5)
+            for window in windows:
+                assert sum(window["log_contributions"]) == pytest.approx(window["s_log"], rel=1e-5, abs=1e-4)
+            scores = [window["score"] for window in windows]
+            if how == "firstmaxp":
+                assert text.score == pytest.approx((scores[0] + max(scores)) / 2, rel=1e-6)

@@ -12,7 +12,9 @@ import torch
 
 from pyserini_mores.errors import UsageError
 from pyserini_mores.index import build_lucene_index, open_searcher
-from pyserini_mores.rerankers.learned import ModelReranker
+from pyserini_mores.rerankers import get_reranker
+from pyserini_mores.rerankers.learned import ModelReranker, check_windows_before_loading
+from pyserini_mores.search import RerankingSearcher
 from pyserini_mores.sidecar import open_sidecar
 from pyserini_mores.sidecar.build import build_sidecar
 from pyserini_mores.types import Query, Text
@@ -110,3 +112,52 @@ def test_firstp_over_windows_of_the_models_capacity_is_the_score_without_windows
     without = ModelReranker(model, plain, aggregate="maxp", device="cpu")
     assert _by_docid(firstp.rerank(Query(QUERY), _candidates(long_texts))) == \
         _by_docid(without.rerank(Query(QUERY), _candidates(long_texts)))
+
+
+def _no_model_loads(monkeypatch) -> None:
+    import pyserini_mores.rerankers.learned as learned
+
+    def load_model(*args, **kwargs):
+        raise AssertionError("the model loaded before the windows were checked against the sidecar's")
+
+    monkeypatch.setattr(learned, "load_model", load_model)
+
+
+def test_windows_other_than_a_sidecars_are_refused_from_its_manifest_before_the_model_loads(
+        long_index, tokenizer, tmp_path, monkeypatch):
+    model = _model("maxsim", tokenizer)
+    model.save_pretrained(tmp_path / "model")
+    path = _sidecar(long_index, model, tmp_path / "windowed", OPTIONS).path
+    plain = _sidecar(long_index, model, tmp_path / "plain", WindowOptions()).path
+    _no_model_loads(monkeypatch)
+    refusal = ("windows --window 12 --stride 12 --max-windows 4 differ from the --window 12 --stride 8 --max-windows 4 "
+               f"sidecar {path} stores; its windows are cut when it is built: leave out --window, --stride and "
+               "--max-windows, or build a sidecar with these windows")
+    asked = WindowOptions(window=12, max_windows=4)
+    with pytest.raises(UsageError) as refused:
+        get_reranker("maxsim", model=tmp_path / "model", sidecar=path, windows=asked)
+    assert str(refused.value) == refusal
+    with pytest.raises(UsageError) as refused:  # the searcher checks before the index or the model opens
+        RerankingSearcher(long_index, "maxsim", model=tmp_path / "model", sidecar=path, windows=asked)
+    assert str(refused.value) == refusal
+    with pytest.raises(UsageError) as refused:  # the windows a model reads whole, of a sidecar stored without them
+        get_reranker("maxsim", model=tmp_path / "model", sidecar=plain, windows=WindowOptions(max_windows=2))
+    assert str(refused.value).startswith("windows --window 22 --stride 22 --max-windows 2 differ from the --window 22 "
+                                         f"--stride 22 --max-windows 1 sidecar {plain} stores; ")
+    with pytest.raises(UsageError) as refused:  # an open reader's manifest says the same
+        get_reranker("maxsim", model=tmp_path / "model", sidecar=open_sidecar(path), windows=asked)
+    assert str(refused.value) == refusal
+    # the sidecar's own windows are not refused: the model is what loads next
+    with pytest.raises(AssertionError, match="the model loaded"):
+        get_reranker("maxsim", model=tmp_path / "model", sidecar=path, windows=OPTIONS)
+
+
+def test_a_sidecar_without_a_window_map_refuses_more_windows_from_its_manifest():
+    legacy = Path(__file__).resolve().parents[1] / "resources" / "sidecar_format_2"
+    with pytest.raises(UsageError) as refused:
+        check_windows_before_loading(legacy, WindowOptions(window=64, max_windows=3))
+    assert str(refused.value) == (
+        f"windows --window 64 --max-windows 3 differ from the --max-windows 1 sidecar {legacy} stores; its windows are "
+        "cut when it is built: leave out --window, --stride and --max-windows, or build a sidecar with these windows")
+    check_windows_before_loading(legacy, WindowOptions())  # one window: what it stores
+    check_windows_before_loading(legacy, None)

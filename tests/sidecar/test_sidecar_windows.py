@@ -138,7 +138,8 @@ def test_windows_as_long_as_the_model_reads_start_with_its_truncation(long_index
     rows, _ = plain.get_batch(np.arange(6))
     assert torch.equal(firsts, rows)  # window 0 of each document is what a build without windows stores
     assert windowed.window_counts().max() == 3 and plain.window_counts().tolist() == [1] * 6
-    assert plain.manifest.windows["capped_documents"] == 0 and plain.windows == WindowOptions(22, 22, 1)
+    assert plain.manifest.windows["capped_documents"] == 0 and plain.windows == WindowOptions()
+    assert (plain.manifest.windows["window"], plain.manifest.windows["stride"]) == (22, 22)
 
 
 def _todays_store(index: Path, model, output: Path, batch_size: int) -> tuple[Path, int]:
