@@ -1,13 +1,13 @@
-"""Compressed token codecs for the sidecar: faiss's scalar quantisers (8, 6 or 4 bits per value) and product
-quantisation (M sub-quantisers of 256 centroids, one byte each), and the ColBERTv2-style residual codec of
-:mod:`.residual` (a centroid id plus 1-8 bits per kept dimension), trained on the first token vectors a build writes
-and decoded in batches at read time.
+"""Compressed token codecs for the sidecar: faiss's scalar quantisers (8, 6 or 4 bits per value), product
+quantisation (M sub-quantisers of 256 centroids, one byte each), optimised product quantisation (a learned rotation,
+then PQ: :mod:`.opq`), and the ColBERTv2-style residual codec of :mod:`.residual` (a centroid id plus 1-8 bits per kept
+dimension), trained on the first token vectors a build writes and decoded in batches at read time.
 
 A compressed sidecar stores ``tokens.bin`` as uint8 codes ``[num_tokens, code_size]``; its manifest ``dtype`` is the
 codec name, so a reader that predates codecs refuses it instead of misreading bytes, and ``codec`` records the codec
 and its settings. The trained parameters go to ``codec.bin`` as flat little-endian float32, checksummed like every
 data file: for the scalar quantisers faiss's per-dimension minimum and range (``[2, dim]``), for PQ the centroids
-(``[M, 256, dim / M]``), for ``residual`` its centroids, kept dimensions, bucket cutoffs and weights (see
+(``[M, 256, dim / M]``), for ``opq`` its rotation ``[dim, dim]`` then its PQ centroids, for ``residual`` its centroids, kept dimensions, bucket cutoffs and weights (see
 :mod:`.residual`). ``fp16`` is the identity: the uncompressed store of before (``--dtype``, float16 by default).
 
 Needs numpy only until a codec is built: faiss is imported then (``sidecar info`` stays light).
@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from .format import CODE_DTYPE, CODEC_DTYPES, CODEC_PARAMETER_DTYPE, SidecarCorruptError
+from .opq import OptimizedProductQuantizer
 from .residual import DEFAULT_NUM_CENTROIDS, ResidualQuantizer
 
 logger = logging.getLogger(__name__)
@@ -37,6 +38,9 @@ DEFAULT_SAMPLE_TOKENS = 65536
 DEFAULT_SAMPLE_BYTES = 128 * 1024 * 1024
 RESIDUAL = "residual"
 RESIDUAL_OPTIONS = ("nbits", "num_centroids", "residual_dims")
+OPQ = "opq"
+PQ_CODECS = ("pq", OPQ)  # the codecs that take pq_subquantizers
+MANIFEST_OPTIONS = ("sample_tokens", "pq_subquantizers", *RESIDUAL_OPTIONS)  # what a manifest's codec.options holds
 
 
 def is_compressed(name: str | None) -> bool:
@@ -57,9 +61,9 @@ class TokenCodec:
     """One trained (or trainable) codec of ``dim``-wide token vectors.
 
     Args:
-        name: ``sq8``, ``sq6``, ``sq4``, ``pq`` or ``residual``.
+        name: ``sq8``, ``sq6``, ``sq4``, ``pq``, ``opq`` or ``residual``.
         dim: vector width.
-        pq_subquantizers: PQ's ``M`` (must divide ``dim``; default :func:`default_pq_subquantizers`).
+        pq_subquantizers: ``M`` of ``pq`` and ``opq`` (must divide ``dim``; default :func:`default_pq_subquantizers`).
         nbits, num_centroids, residual_dims: the ``residual`` codec's settings (see
             :class:`.residual.ResidualQuantizer`; by default 1 bit, 4,096 centroids, and the kept dimensions that
             make a code ``dim / 8`` bytes).
@@ -81,13 +85,13 @@ class TokenCodec:
         if dim <= 0:
             raise ValueError(f"dim must be positive, not {dim}")
         self.name, self.dim = name, int(dim)
-        if name == "pq":
+        if name in PQ_CODECS:
             m = default_pq_subquantizers(self.dim) if pq_subquantizers is None else int(pq_subquantizers)
             if m <= 0 or self.dim % m:
-                raise ValueError(f"pq needs a number of sub-quantisers M that divides the dim {self.dim}, not {m}")
+                raise ValueError(f"{name} needs a number of sub-quantisers M that divides the dim {self.dim}, not {m}")
             self.pq_subquantizers: int | None = m
         elif pq_subquantizers is not None:
-            raise ValueError(f"pq_subquantizers applies to the pq codec, not {name}")
+            raise ValueError(f"pq_subquantizers applies to the pq and opq codecs, not {name}")
         else:
             self.pq_subquantizers = None
         residual_options = {"nbits": nbits, "num_centroids": num_centroids, "residual_dims": residual_dims}
@@ -104,8 +108,9 @@ class TokenCodec:
         self.sample_tokens = int(sample_tokens) if sample_tokens else min(DEFAULT_SAMPLE_TOKENS, budget)
         if self.sample_tokens <= 0:
             raise ValueError(f"sample_tokens must be positive, not {sample_tokens}")
+        self._opq = OptimizedProductQuantizer(self.dim, self.pq_subquantizers) if name == OPQ else None
         self.trained_on = 0
-        self._index = self._new_index() if self._residual is None else None
+        self._index = self._new_index() if self._residual is None and self._opq is None else None
 
     # ---- what it is ------------------------------------------------------------------------------------------------
     @property
@@ -113,12 +118,16 @@ class TokenCodec:
         """Bytes per stored token vector."""
         if self._residual is not None:
             return self._residual.code_size
+        if self._opq is not None:
+            return self._opq.code_size
         return int(self._index.sa_code_size())
 
     @property
     def trained(self) -> bool:
         if self._residual is not None:
             return self._residual.trained
+        if self._opq is not None:
+            return self._opq.trained
         return bool(self._index.is_trained)
 
     @property
@@ -126,7 +135,7 @@ class TokenCodec:
         """k-means needs at least one point per centroid; a scalar quantiser, one vector."""
         if self._residual is not None:
             return self._residual.num_centroids
-        return 2 ** PQ_BITS if self.name == "pq" else 1
+        return 2 ** PQ_BITS if self.name in PQ_CODECS else 1
 
     @property
     def too_few_tokens_hint(self) -> str:
@@ -163,8 +172,8 @@ class TokenCodec:
         if len(sample) < self.min_training_tokens:
             raise ValueError(f"the {self.name} codec needs at least {self.min_training_tokens} token vectors to train, "
                              f"got {len(sample)}; {self.too_few_tokens_hint}")
-        if self._residual is not None:
-            self._residual.train(sample)
+        if self._residual is not None or self._opq is not None:
+            (self._residual or self._opq).train(sample)
             self.trained_on = len(sample)
             return
         self._index = self._new_index()
@@ -182,8 +191,8 @@ class TokenCodec:
         import faiss
 
         self._check_trained()
-        if self._residual is not None:
-            return self._residual.parameters().astype(CODEC_PARAMETER_DTYPE, copy=False)
+        if self._residual is not None or self._opq is not None:
+            return (self._residual or self._opq).parameters().astype(CODEC_PARAMETER_DTYPE, copy=False)
         vector = self._index.pq.centroids if self.name == "pq" else self._index.sq.trained
         return faiss.vector_to_array(vector).astype(CODEC_PARAMETER_DTYPE, copy=False)
 
@@ -192,8 +201,8 @@ class TokenCodec:
         import faiss
 
         parameters = np.ascontiguousarray(parameters, dtype=np.float32).reshape(-1)
-        if self._residual is not None:
-            self._residual.load_parameters(parameters)
+        if self._residual is not None or self._opq is not None:
+            (self._residual or self._opq).load_parameters(parameters)
             return
         expected = self._parameter_count()
         if parameters.size != expected:
@@ -213,8 +222,8 @@ class TokenCodec:
         vectors = _float32_rows(vectors, self.dim)
         if not len(vectors):
             return np.zeros((0, self.code_size), dtype=CODE_DTYPE)
-        if self._residual is not None:
-            return self._residual.encode(vectors)
+        if self._residual is not None or self._opq is not None:
+            return (self._residual or self._opq).encode(vectors)
         return self._index.sa_encode(vectors)
 
     def decode(self, codes: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -229,8 +238,8 @@ class TokenCodec:
         elif out.shape != (len(codes), self.dim) or out.dtype != np.float32 or not out.flags.c_contiguous:
             raise ValueError(f"out must be a C-contiguous float32 array of shape {(len(codes), self.dim)}")
         if len(codes):
-            if self._residual is not None:
-                self._residual.decode(codes, out)
+            if self._residual is not None or self._opq is not None:
+                (self._residual or self._opq).decode(codes, out)
             else:
                 self._index.sa_decode(codes, out)
         return out
@@ -244,8 +253,8 @@ class TokenCodec:
         return faiss.IndexScalarQuantizer(self.dim, getattr(faiss.ScalarQuantizer, _SCALAR_TYPES[self.name]))
 
     def _parameter_count(self) -> int:
-        if self._residual is not None:
-            return self._residual.parameter_count
+        if self._residual is not None or self._opq is not None:
+            return (self._residual or self._opq).parameter_count
         if self.name == "pq":
             return self.dim * 2 ** PQ_BITS  # M x 256 centroids of dim/M values
         return 2 * self.dim  # per-dimension minimum and range
@@ -263,6 +272,14 @@ def codec_from_manifest(entry: Mapping[str, Any], dim: int, parameters: np.ndarr
                         source: str = "manifest.json") -> TokenCodec:
     """The trained codec a manifest's ``codec`` field and its ``codec.bin`` parameters describe."""
     options = entry.get("options") or {}
+    if not isinstance(options, Mapping):
+        raise SidecarCorruptError(f"{source}: field 'codec.options' is {options!r}, not a mapping")
+    for key, value in options.items():
+        if key not in MANIFEST_OPTIONS:
+            raise SidecarCorruptError(f"{source}: field 'codec.options' has an unknown option {key!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise SidecarCorruptError(f"{source}: field 'codec.options': option {key!r} is {value!r}, not a "
+                                      "positive integer")
     try:
         codec = TokenCodec(str(entry["name"]), dim, pq_subquantizers=options.get("pq_subquantizers"),
                            sample_tokens=options.get("sample_tokens"),
@@ -301,11 +318,12 @@ def codec_options(codec: str, *, pq_subquantizers: int | None = None, nbits: int
     settings = {"pq_subquantizers": pq_subquantizers, "nbits": nbits, "num_centroids": num_centroids,
                 "residual_dims": residual_dims}
     given = {key: int(value) for key, value in settings.items() if value is not None}
-    owners = {"pq_subquantizers": "pq", **{key: RESIDUAL for key in RESIDUAL_OPTIONS}}
+    owners = {"pq_subquantizers": PQ_CODECS, **{key: (RESIDUAL,) for key in RESIDUAL_OPTIONS}}
     for key, value in given.items():
         flag = "--" + key.replace("_", "-")
-        if owners[key] != codec:
-            raise ValueError(f"{flag} applies to --codec {owners[key]}, not {codec}")
+        if codec not in owners[key]:
+            others = "".join(f"; --codec {other} takes it too" for other in owners[key][1:])
+            raise ValueError(f"{flag} applies to --codec {owners[key][0]}, not {codec}{others}")
         if value <= 0:
             raise ValueError(f"{flag} must be positive, not {value}")
     if "nbits" in given and given["nbits"] not in NBITS:
@@ -325,5 +343,5 @@ def _float32_rows(vectors: np.ndarray, dim: int) -> np.ndarray:
     return vectors
 
 
-__all__ = ["CODECS", "IDENTITY", "RESIDUAL", "TokenCodec", "codec_from_manifest", "codec_options", "code_size",
+__all__ = ["CODECS", "IDENTITY", "OPQ", "RESIDUAL", "TokenCodec", "codec_from_manifest", "codec_options", "code_size",
            "default_pq_subquantizers", "is_compressed"]

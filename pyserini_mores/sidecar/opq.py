@@ -1,0 +1,159 @@
+"""Optimised product quantisation of token vectors (Ge et al., "Optimized Product Quantization", TPAMI 2014): a
+learned rotation ``R`` (orthogonal, ``[dim, dim]``), then product quantisation of the rotated vector ``y = R x`` with
+``M`` sub-quantisers of 256 centroids (one byte each), so a code is ``M`` bytes like plain PQ's.
+
+Plain PQ cuts a vector into ``M`` contiguous slices and quantises each alone: hidden states whose variance sits in a
+few directions spread across the slices (MORES, PreTTR, TK) lose most of it. The rotation, trained by faiss's
+``OPQMatrix`` (alternating PQ training and the orthogonal Procrustes solution), mixes those directions so every slice
+carries a balanced share of the variance and the slices are closer to independent.
+
+Decoding is the PQ centroid gather, then ``x = Rᵀ y`` as float32 matrix products whose row counts are multiples of
+:data:`DECODE_BLOCK_ROWS` (the rows past the last whole block go through one zero-padded block): a BLAS library takes
+another path for a product of a few rows (a single row becomes a matrix-vector product), which rounds differently, so
+every row is computed by the same kernel and a batch decodes each row bit for bit as
+:meth:`OptimizedProductQuantizer.decode_reference` decodes it alone.
+
+The trained parameters are one flat float32 vector (``codec.bin``): the rotation ``R`` ``[dim, dim]`` row-major
+(``y = R x``), then the PQ centroids ``[M, 256, dim / M]``.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from .format import CODE_DTYPE, SidecarCorruptError
+
+logger = logging.getLogger(__name__)
+
+BITS = 8  # 256 centroids per sub-quantiser: one byte per code
+ITERATIONS = 25  # faiss OPQMatrix's alternations of PQ training and rotation update
+DECODE_BLOCK_ROWS = 64  # rows per rotation product: a multiple of every BLAS kernel's row unroll
+ORTHOGONALITY_TOLERANCE = 1e-3  # |R Rᵀ - I| bound of a stored rotation; a trained one is within ~1e-6
+POINTS_PER_CENTROID = 39  # below this many training points per centroid k-means is poorly fit (faiss's advice)
+
+
+class OptimizedProductQuantizer:
+    """Rotation + PQ codec of ``dim``-wide vectors with ``subquantizers`` one-byte codes (``dim % M == 0``)."""
+
+    def __init__(self, dim: int, subquantizers: int):
+        self.dim, self.subquantizers = int(dim), int(subquantizers)
+        if self.dim <= 0 or self.subquantizers <= 0 or self.dim % self.subquantizers:
+            raise ValueError(f"opq needs a number of sub-quantisers M that divides the dim {dim}, not {subquantizers}")
+        self.code_size = self.subquantizers
+        self.rotation: np.ndarray | None = None  # [dim, dim] float32, y = R x
+        self._pq = None  # faiss.IndexPQ on rotated vectors
+
+    @property
+    def trained(self) -> bool:
+        return self.rotation is not None
+
+    @property
+    def parameter_count(self) -> int:
+        return self.dim * self.dim + self.dim * 2 ** BITS
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return {"pq_subquantizers": self.subquantizers}
+
+    # ---- training, parameters ------------------------------------------------------------------------------------
+    def train(self, sample: np.ndarray) -> None:
+        """Fit the rotation (faiss ``OPQMatrix``, :data:`ITERATIONS` alternations) and then the PQ centroids of the
+        rotated ``sample [n, dim]``."""
+        import faiss
+
+        sample = np.ascontiguousarray(sample, dtype=np.float32)
+        if len(sample) < 2 ** BITS:
+            raise ValueError(f"the opq codec needs at least {2 ** BITS} token vectors to train, got {len(sample)}")
+        if len(sample) < POINTS_PER_CENTROID * 2 ** BITS:
+            logger.warning("training the opq codec on %d token vectors (k-means fits 256 centroids well from %d on): "
+                           "expect a larger reconstruction error", len(sample), POINTS_PER_CENTROID * 2 ** BITS)
+        opq = faiss.OPQMatrix(self.dim, self.subquantizers)
+        opq.niter = ITERATIONS
+        opq.max_train_points = len(sample)
+        inner = faiss.ProductQuantizer(self.dim, self.subquantizers, BITS)  # the PQ the rotation is fitted for
+        inner.cp.min_points_per_centroid = 1  # warned above, once, through logging
+        opq.pq = inner
+        opq.train(sample)
+        rotation = faiss.vector_to_array(opq.A).reshape(self.dim, self.dim).astype(np.float32)
+        pq = faiss.IndexPQ(self.dim, self.subquantizers, BITS)
+        pq.pq.cp.min_points_per_centroid = 1  # warned above, once, through logging
+        pq.train(np.ascontiguousarray(sample @ rotation.T))
+        self.rotation, self._pq = rotation, pq
+
+    def parameters(self) -> np.ndarray:
+        """The trained parameters as one flat float32 vector (layout in the module docstring)."""
+        import faiss
+
+        self._check_trained()
+        centroids = faiss.vector_to_array(self._pq.pq.centroids)
+        return np.concatenate([self.rotation.ravel(), centroids]).astype(np.float32)
+
+    def load_parameters(self, parameters: np.ndarray) -> None:
+        """Restore from :meth:`parameters`; refuses (:class:`SidecarCorruptError`) a vector of another size, with a
+        non-finite value, or whose rotation is not orthogonal."""
+        import faiss
+
+        parameters = np.asarray(parameters, dtype=np.float32).reshape(-1)
+        if parameters.size != self.parameter_count:
+            raise SidecarCorruptError(f"the opq codec (dim {self.dim}, M {self.subquantizers}) has "
+                                      f"{self.parameter_count} parameters, not {parameters.size}")
+        if not np.isfinite(parameters).all():
+            raise SidecarCorruptError("the opq codec's parameters are not all finite")
+        square = self.dim * self.dim
+        rotation = np.ascontiguousarray(parameters[:square].reshape(self.dim, self.dim))
+        deviation = float(np.abs(rotation.astype(np.float64) @ rotation.T.astype(np.float64)
+                                 - np.eye(self.dim)).max())
+        if deviation > ORTHOGONALITY_TOLERANCE:
+            raise SidecarCorruptError(f"the opq codec's rotation is not orthogonal (|R Rᵀ - I| reaches "
+                                      f"{deviation:.3g}, above {ORTHOGONALITY_TOLERANCE})")
+        pq = faiss.IndexPQ(self.dim, self.subquantizers, BITS)
+        faiss.copy_array_to_vector(np.ascontiguousarray(parameters[square:]), pq.pq.centroids)
+        pq.is_trained = True
+        self.rotation, self._pq = rotation, pq
+
+    # ---- encode / decode -----------------------------------------------------------------------------------------
+    def encode(self, vectors: np.ndarray) -> np.ndarray:
+        """``[n, M]`` uint8 codes of ``vectors [n, dim]`` float32: the nearest centroid of each slice of ``R x``."""
+        self._check_trained()
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        if not len(vectors):
+            return np.zeros((0, self.code_size), dtype=CODE_DTYPE)
+        return self._pq.sa_encode(np.ascontiguousarray(vectors @ self.rotation.T))
+
+    def decode(self, codes: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Decode ``codes [n, M]`` into ``out [n, dim]`` float32: the centroids of each slice, rotated back by ``Rᵀ``
+        in blocks of :data:`DECODE_BLOCK_ROWS` rows."""
+        self._check_trained()
+        codes = np.ascontiguousarray(codes, dtype=CODE_DTYPE)
+        block = DECODE_BLOCK_ROWS
+        whole = len(codes) - len(codes) % block
+        if whole:
+            rotated = self._pq.sa_decode(codes[:whole])
+            np.matmul(rotated, self.rotation, out=out[:whole])
+        if whole < len(codes):
+            rest = len(codes) - whole
+            rotated = np.zeros((block, self.dim), dtype=np.float32)
+            self._pq.sa_decode(codes[whole:], rotated[:rest])
+            out[whole:] = (rotated @ self.rotation)[:rest]
+        return out
+
+    def decode_reference(self, code: np.ndarray) -> np.ndarray:
+        """One code decoded alone (its centroids looked up slice by slice, then the rotation product of one padded
+        block), the definition :meth:`decode` must equal."""
+        import faiss
+
+        self._check_trained()
+        sub = self.dim // self.subquantizers
+        centroids = faiss.vector_to_array(self._pq.pq.centroids).reshape(self.subquantizers, 2 ** BITS, sub)
+        padded = np.zeros((DECODE_BLOCK_ROWS, self.dim), dtype=np.float32)
+        padded[0] = np.concatenate([centroids[m, int(code[m])] for m in range(self.subquantizers)])
+        return (padded @ self.rotation)[0]
+
+    def _check_trained(self) -> None:
+        if not self.trained:
+            raise RuntimeError("the opq codec is not trained yet")
+
+
+__all__ = ["DECODE_BLOCK_ROWS", "ITERATIONS", "OptimizedProductQuantizer"]
