@@ -7,8 +7,9 @@ A compressed sidecar stores ``tokens.bin`` as uint8 codes ``[num_tokens, code_si
 codec name, so a reader that predates codecs refuses it instead of misreading bytes, and ``codec`` records the codec
 and its settings. The trained parameters go to ``codec.bin`` as flat little-endian float32, checksummed like every
 data file: for the scalar quantisers faiss's per-dimension minimum and range (``[2, dim]``), for PQ the centroids
-(``[M, 256, dim / M]``), for ``opq`` its rotation ``[dim, dim]`` then its PQ centroids, for ``residual`` its centroids, kept dimensions, bucket cutoffs and weights (see
-:mod:`.residual`). ``fp16`` is the identity: the uncompressed store of before (``--dtype``, float16 by default).
+(``[M, 256, dim / M]``), for ``opq`` its rotation ``[dim, dim]`` then its PQ centroids (see :mod:`.opq`), for
+``residual`` its centroids, kept dimensions, bucket cutoffs and weights (see :mod:`.residual`). ``fp16`` is the
+identity: the uncompressed store of before (``--dtype``, float16 by default).
 
 Needs numpy only until a codec is built: faiss is imported then (``sidecar info`` stays light).
 """
