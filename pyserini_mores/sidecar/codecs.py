@@ -92,7 +92,7 @@ class TokenCodec:
                 raise ValueError(f"{name} needs a number of sub-quantisers M that divides the dim {self.dim}, not {m}")
             self.pq_subquantizers: int | None = m
         elif pq_subquantizers is not None:
-            raise ValueError(f"pq_subquantizers applies to the pq and opq codecs, not {name}")
+            raise ValueError(f"pq_subquantizers applies to the pq codec, not {name} (and to the opq codec)")
         else:
             self.pq_subquantizers = None
         residual_options = {"nbits": nbits, "num_centroids": num_centroids, "residual_dims": residual_dims}
