@@ -331,7 +331,7 @@ def test_compressed_maxsim_sidecars_score_close_to_float16(tiny_index, tiny_maxs
 
     reference = scores(tmp_path / "fp16")
     spread = reference.std(axis=1).mean()
-    for name in ("sq8", "sq6", "sq4", "pq"):
+    for name in ("sq8", "sq6", "sq4", "pq", "opq"):
         assert _build(tiny_index, tiny_maxsim_dir, tmp_path / name, "--codec", name) == 0, name
         assert verify_sidecar(tmp_path / name) == []
         reader = open_sidecar(tmp_path / name)

@@ -92,6 +92,13 @@ def test_batch_decode_equals_the_reference_decode_row_by_row(count):
     for codes in (codec.encode(_vectors(count, seed=6)),  # any code decodes the same way, not only encode's
                   np.random.default_rng(7).integers(0, 256, (count, M), dtype=np.uint8)):
         assert np.array_equal(_decode(codec, codes), np.stack([codec.decode_reference(code) for code in codes]))
+    # at the MiniLM width, where a BLAS library computes a product of one row (or a few) another way than a block
+    rng = np.random.default_rng(8)
+    wide = OptimizedProductQuantizer(384, 48)
+    rotation = np.linalg.qr(rng.standard_normal((384, 384)))[0].astype(np.float32)
+    wide.load_parameters(np.concatenate([rotation.ravel(), rng.standard_normal(384 * 256).astype(np.float32)]))
+    codes = rng.integers(0, 256, (count, 48), dtype=np.uint8)
+    assert np.array_equal(_decode(wide, codes), np.stack([wide.decode_reference(code) for code in codes]))
 
 
 def test_parameters_round_trip_and_their_layout():
