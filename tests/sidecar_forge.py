@@ -83,3 +83,34 @@ def sharded_to_format_1(path: Path) -> None:
         to_format_1(entry.resolve(path))
         record["content"] = shard_content_id(read_manifest(entry.resolve(path)))
     (path / MANIFEST).write_text(json.dumps(data, indent=2))
+
+
+def damage_codec_file(path: Path, damage: str) -> None:
+    """Damage a compressed sidecar's ``codec.bin`` after its build: ``bytes`` changes one parameter (its checksum
+    no longer matches), ``truncated`` drops the last one; other kinds were damaged while writing and are left."""
+    if damage == "bytes":
+        parameters = np.fromfile(path / "codec.bin", dtype="<f4")
+        parameters[3] += 1.0
+        parameters.tofile(path / "codec.bin")
+    elif damage == "truncated":
+        np.fromfile(path / "codec.bin", dtype="<f4")[:-1].tofile(path / "codec.bin")
+
+
+def assert_damaged_codec_refused(path: Path, damage: str, message: str, output: Path, capsys) -> None:
+    """The damaged codec of ``path`` is refused at open (``SidecarCorruptError`` matching ``message``), by
+    ``transcode`` in one ``error:`` line with exit 2, and, when its bytes changed, by ``verify`` (exit 1)."""
+    import re
+
+    import pytest
+
+    from pyserini_mores.sidecar import SidecarCorruptError, open_sidecar
+    from pyserini_mores.sidecar.__main__ import main as sidecar_main
+
+    with pytest.raises(SidecarCorruptError, match=message):
+        open_sidecar(path)
+    assert sidecar_main(["transcode", str(path), "--output", str(output)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1
+    assert re.search(message, err)
+    if damage in ("bytes", "truncated"):
+        assert sidecar_main(["verify", str(path)]) == 1

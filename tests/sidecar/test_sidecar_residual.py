@@ -4,10 +4,10 @@ sidecar stored with it: written, read, transcoded, and refused when its codec fi
 from __future__ import annotations
 
 import json
-import re
 
 import numpy as np
 import pytest
+from sidecar_forge import assert_damaged_codec_refused, damage_codec_file
 
 from pyserini_mores.sidecar import SidecarCorruptError, SidecarWriter, open_sidecar
 from pyserini_mores.sidecar.__main__ import main as sidecar_main
@@ -265,20 +265,8 @@ def test_a_damaged_codec_file_is_refused_at_open_with_one_line_and_exit_2(tmp_pa
         monkeypatch.setattr(ResidualQuantizer, "parameters", lambda self: damaged(trained_parameters(self)))
     _write(path, _documents(), nbits=2, num_centroids=64, residual_dims=8)
     monkeypatch.undo()
-    if damage == "bytes":
-        parameters = np.fromfile(path / "codec.bin", dtype="<f4")
-        parameters[3] += 1.0
-        parameters.tofile(path / "codec.bin")
-    elif damage == "truncated":
-        np.fromfile(path / "codec.bin", dtype="<f4")[:-1].tofile(path / "codec.bin")
-    with pytest.raises(SidecarCorruptError, match=message):
-        open_sidecar(path)
-    assert sidecar_main(["transcode", str(path), "--output", str(tmp_path / "out")]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and err.count("\n") == 1
-    assert re.search(message, err)
-    if damage in ("bytes", "truncated"):
-        assert sidecar_main(["verify", str(path)]) == 1
+    damage_codec_file(path, damage)
+    assert_damaged_codec_refused(path, damage, message, tmp_path / "out", capsys)
 
 
 def test_transcode_trains_on_documents_drawn_across_the_whole_source(tmp_path):
