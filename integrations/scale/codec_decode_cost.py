@@ -2,8 +2,10 @@
 
 For each of ``--queries`` topics, its first ``--depth`` candidates of ``--run`` are reranked through
 ``RerankingSearcher.rerank_run`` from each sidecar in turn (alternating, so both see the same machine state), and
-their rows are read alone with ``get_batch`` (what the codec changes: float16 rows gathered, or codes gathered and
-decoded), ``--repeats`` times. It prints the medians per query for both paths and both sidecars, and the ratios
+their rows are read alone with ``get_batch`` as the rerank path reads them (what the codec changes: float16 rows
+gathered, or codes gathered and decoded; an ``opq`` store's codes without the rotation back when the model folds the
+rotation into its own side, see ``RankingModel.store_frame``), ``--repeats`` times. It prints the medians per query
+for both paths and both sidecars, and the ratios
 codec / float16; ``--json`` writes them with the machine (CPU model, cores, torch threads).
 
     python integrations/scale/codec_decode_cost.py --index /work/runs/debian/index \\
@@ -80,9 +82,11 @@ def main() -> None:
                  for name, path in (("fp16", args.fp16), ("codec", args.codec_sidecar))}
     readers = {name: open_sidecar(path) for name, path in (("fp16", args.fp16), ("codec", args.codec_sidecar))}
     rows = {qid: readers["fp16"].rows_for_docids([docid for docid, _ in run[qid]]) for qid in qids}
+    folded = searchers["codec"].reranker.folds_codec_rotation  # how the rerank path reads the codes
+    rotated = {"fp16": False, "codec": folded}
     for name in searchers:  # warm up: models, page cache, codec parameters
         searchers[name].rerank_run({qids[0]: run[qids[0]]}, {qids[0]: topics[qids[0]]}, k=args.depth)
-        readers[name].get_batch(rows[qids[0]])
+        readers[name].get_batch(rows[qids[0]], rotated=rotated[name])
     rerank, read = defaultdict(list), defaultdict(list)
     for _ in range(args.repeats):
         for qid in qids:
@@ -91,12 +95,13 @@ def main() -> None:
                 searchers[name].rerank_run({qid: run[qid]}, {qid: topics[qid]}, k=args.depth)
                 rerank[name].append(time.perf_counter() - start)
                 start = time.perf_counter()
-                readers[name].get_batch(np.sort(rows[qid]))
+                readers[name].get_batch(np.sort(rows[qid]), rotated=rotated[name])
                 read[name].append(time.perf_counter() - start)
     result = {"cpu": _cpu_model(), "cores": torch.get_num_threads(), "depth": args.depth, "queries": len(qids),
               "repeats": args.repeats, "reranker": args.reranker, "model": args.model, "precision": args.precision,
               "fp16": args.fp16, "codec_sidecar": args.codec_sidecar,
-              "codec": readers["codec"].dtype, "bytes_per_token": readers["codec"].bytes_per_token}
+              "codec": readers["codec"].dtype, "bytes_per_token": readers["codec"].bytes_per_token,
+              "rotation_folded_into_the_model": folded}
     for path, times in (("rerank", rerank), ("read", read)):
         for name in ("fp16", "codec"):
             result[f"{path}_{name}_median_ms"] = 1000 * statistics.median(times[name])

@@ -50,15 +50,23 @@ def explain_documents(reranker, query: str, documents: list[DocumentExplanation]
     return report
 
 
-def _stored(sidecar, documents: list[DocumentExplanation]) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The documents' stored rows ``[B, Lmax, width]`` and lengths ``[B]`` (float32), or ``None`` without sidecar."""
+def _stored(sidecar, report: Report) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The stored vectors ``[B, Lmax, width]`` and lengths ``[B]`` (float32) of each document's first window, which
+    is what the model reads of its text (a windowed sidecar stores the rest after it), or ``None`` without sidecar."""
     if sidecar is None:
         return None
+    documents = report.documents
     rows = sidecar.rows_for_docids([document.docid for document in documents])
     missing = [document.docid for document, row in zip(documents, rows) if row < 0]
     if missing:
         raise KeyError(f"{len(missing)} document(s) are not in the sidecar (e.g. {', '.join(missing[:3])})")
-    return sidecar.get_batch(rows, dtype=torch.float32)
+    starts, lengths, _ = sidecar.window_spans(rows, first_only=True)
+    windows = sidecar.window_counts(rows)
+    if windows.max(initial=1) > 1:
+        report.notes.append(f"The sidecar stores up to {int(windows.max())} windows per document; shown is the "
+                            "first window of each, what the model reads of the text (search aggregates every "
+                            "window's score).")
+    return sidecar.get_spans(starts, lengths, dtype=torch.float32)
 
 
 def _check_lengths(stored_lengths: torch.Tensor, text_lengths: torch.Tensor, documents, what: str) -> None:
@@ -115,7 +123,7 @@ def _explain_attention(model, sidecar, report: Report, heads: str | None, layer:
     report.heads = chosen = parse_heads(heads, model.config.encoder.num_attention_heads)
     query_batch = model.tokenize_queries([report.query])
     doc_batch = model.tokenize_documents([document.text for document in documents])
-    stored = _stored(sidecar, documents)
+    stored = _stored(sidecar, report)
     docs, lengths = stored if stored is not None else (None, None)
     if stored is not None:
         _check_lengths(lengths, doc_batch["attention_mask"].sum(1), documents, "tokens")
@@ -184,7 +192,7 @@ def explain_tk(model, sidecar, report: Report, *, heads: str | None = None, laye
     if heads not in (None, "mean") or layer is not None:
         logger.warning("--heads and --layer are ignored for TK: its scores come from kernels, not attention")
     documents = report.documents
-    stored = _stored(sidecar, documents)
+    stored = _stored(sidecar, report)
     docs, lengths = stored if stored is not None else (None, None)
     scores = tk_kernel_scores(model, report.query, [document.text for document in documents], docs=docs,
                               lengths=lengths)

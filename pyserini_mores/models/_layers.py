@@ -89,6 +89,13 @@ def attention_context(queries: torch.Tensor, keys: torch.Tensor, values: torch.T
     return probs.to(values.dtype) @ values
 
 
+def rotated_rows(rows: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+    """``rows [..., n] @ Rᵀ`` in float32, back in ``rows``' dtype: what meets vectors stored rotated (``y = x Rᵀ``)
+    as ``rows`` met ``x``, since ``(w Rᵀ) · (x Rᵀ) = w · x`` for an orthogonal ``R [n, n]``. For a linear layer's
+    weight ``W [out, n]`` it gives ``W'`` with ``y W'ᵀ = x Wᵀ``."""
+    return (rows.float() @ rotation.float().T).to(rows.dtype)
+
+
 def attention_mask_from_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     """HF-style ``[B, L]`` 0/1 mask → ``[B, 1, 1, L]`` boolean key mask."""
     return attention_mask.bool()[:, None, None, :]

@@ -221,6 +221,19 @@ class RankingModel(nn.Module):
         (zero-padded; ``lengths [B]`` real token counts)."""
         raise NotImplementedError
 
+    def store_frame(self, rotation: torch.Tensor) -> Any | None:
+        """What :meth:`query_in_frame` needs to score documents stored in a rotated frame, ``docs`` holding
+        ``y = x Rᵀ`` for each stored vector ``x`` (``rotation`` R ``[store_width, store_width]``, orthogonal, on this
+        model's device: an ``opq`` sidecar's, see ``SidecarReader.store_rotation``), made once per sidecar; ``None``
+        (the default) when this model needs ``x`` itself. A model whose first use of ``x`` is linear scores ``y``
+        exactly as ``x`` by rotating its own side, which saves rotating every stored token back."""
+        return None
+
+    def query_in_frame(self, query_state: Any, frame: Any) -> Any:
+        """``query_state`` (from :meth:`encode_query`) for :meth:`score` of documents in the rotated frame that
+        ``frame`` (from :meth:`store_frame`) describes."""
+        raise NotImplementedError(f"{type(self).__name__} scores stored vectors in their own frame only")
+
     def forward(self, query_batch: QueryBatch, doc_batch: DocBatch) -> torch.Tensor:
         """Training path: ``[B]`` scores of aligned (query, document) pairs, both encoded in-graph."""
         raise NotImplementedError

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._layers import BertEncoder, key_padding_mask, load_bert_weights
+from ._layers import BertEncoder, key_padding_mask, load_bert_weights, rotated_rows
 from .backbones import DEFAULT_BACKBONE
 from .base import ModelCapabilities, RankingConfig, RankingModel
 from .loading import backbone_weights
@@ -71,6 +71,14 @@ class DualEncoder(RankingModel):
     def score(self, query_state, docs: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         query_vectors, query_mask = query_state
         return _maxsim(query_vectors, query_mask, docs.to(query_vectors.dtype), lengths)
+
+    def store_frame(self, rotation: torch.Tensor) -> torch.Tensor:
+        return rotation
+
+    def query_in_frame(self, query_state, frame: torch.Tensor):
+        """MaxSim of ``y = x Rᵀ`` with ``q Rᵀ`` equals that of ``x`` with ``q`` (``R`` orthogonal)."""
+        query_vectors, query_mask = query_state
+        return rotated_rows(query_vectors, frame), query_mask
 
     def forward(self, query_batch: dict, doc_batch: dict) -> torch.Tensor:
         docs = self._token_vectors(doc_batch)

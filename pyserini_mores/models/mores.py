@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 from typing import Iterable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ._cls_only import TokenBlock, cls_only_attention, cls_only_attention_stored, compute_dtype
@@ -55,6 +56,7 @@ from ._layers import (
     convert_hf_bert_state_dict,
     key_padding_mask,
     masked_mean,
+    rotated_rows,
     score_head,
 )
 from .backbones import DEFAULT_BACKBONE
@@ -192,11 +194,15 @@ class MoresQueryState:
         mask: ``[1, 1, 1, q]`` boolean, True at real query tokens.
         first_block_queries: ``[1, h, q, n/h]`` the first block's cross-attention query projection of Q — the same
             for every candidate, so it is computed here once.
+        document_projections: Reuse-S1 stored in a rotated frame (:meth:`MoresModel.query_in_frame`): per block,
+            its key and value projections' ``(weight, bias)`` with the rotation folded into the weights; ``None``
+            for stored ``D`` itself.
     """
 
     hidden: torch.Tensor
     mask: torch.Tensor
     first_block_queries: torch.Tensor
+    document_projections: tuple | None = None
 
 
 class QueryRepresentationModule(nn.Module):
@@ -582,7 +588,13 @@ class MoresModel(RankingModel):
         docs = docs.to(device=device, dtype=compute_dtype(self.query_module.embeddings.norm.weight),
                        non_blocking=True)
         doc_mask = key_padding_mask(lengths.to(device), docs.shape[-2])
-        if self.config.reuse == "s1":
+        if self.config.reuse == "s1" and query_state.document_projections is not None:
+            projections = query_state.document_projections
+
+            def keys_values(index: int):
+                (key_weight, key_bias), (value_weight, value_bias) = projections[index]
+                return F.linear(docs, key_weight, key_bias), F.linear(docs, value_weight, value_bias)
+        elif self.config.reuse == "s1":
             keys_values = self._project_documents(docs, doc_mask)
         elif head_major:  # [B, K₁ heads ‖ V₁ heads ‖ …, Lmax, head_dim]: already split into heads
             heads = self.config.encoder.num_attention_heads
@@ -601,6 +613,22 @@ class MoresModel(RankingModel):
         logits = self._interact(query_state.hidden, query_state.mask, keys_values, doc_mask,
                                 query_state.first_block_queries, attentions, states, head_input)
         return (logits, tuple(states)) if output_query_states else logits
+
+    def store_frame(self, rotation: torch.Tensor) -> tuple | None:
+        """Reuse-S1: each block's key and value weights with the rotation folded in (``W Rᵀ``, so that
+        ``y (W Rᵀ)ᵀ = x Wᵀ``), once per sidecar; Reuse-S2 stores keys and values, which a rotation mixes across
+        heads: ``None``."""
+        if self.config.reuse != "s1":
+            return None
+        projections = []
+        for block in self.interaction_module.blocks:
+            attention = block.document_attention
+            projections.append(tuple((rotated_rows(linear.weight.detach(), rotation), linear.bias.detach())
+                                     for linear in (attention.key, attention.value)))
+        return tuple(projections)
+
+    def query_in_frame(self, query_state: MoresQueryState, frame: tuple) -> MoresQueryState:
+        return replace(query_state, document_projections=frame)
 
     # ---- training and text paths ----------------------------------------------------------------------------
     def forward(self, query_batch: dict, doc_batch: dict, output_query_states: bool = False):

@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._layers import attention_context
+from ._layers import attention_context, rotated_rows
 from .backbones import DEFAULT_BACKBONE
 from .base import ModelCapabilities, RankingConfig, RankingModel, pad_documents, read_checkpoint_config
 from .loading import backbone_weights
@@ -568,6 +568,13 @@ class TKModel(RankingModel):
     def score(self, query_state: TKQueryState, docs: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """``[B]`` scores of one query against stored ``docs [B, Lmax, dim]`` (any float dtype, zero-padded)."""
         return self._interaction(query_state, *self._stored(docs, lengths))["score"]
+
+    def store_frame(self, rotation: torch.Tensor) -> torch.Tensor:
+        return rotation
+
+    def query_in_frame(self, query_state: TKQueryState, frame: torch.Tensor) -> TKQueryState:
+        """Cosines of ``y = x Rᵀ`` with ``q Rᵀ`` equal those of ``x`` with ``q`` (``R`` orthogonal: norms kept)."""
+        return TKQueryState(rotated_rows(query_state.vectors, frame), query_state.mask)
 
     def explain(self, query_state: TKQueryState, docs: torch.Tensor, lengths: torch.Tensor) -> dict:
         """Everything behind :meth:`score` that the paper's Figure 3 shows, as plain tensors:

@@ -123,6 +123,7 @@ class ModelReranker(Reranker):
         self._scoring_copy: RankingModel | None = None
         self._scoring_copy_of: tuple | None = None
         self._buffers = threading.local()
+        self._frame_of: tuple | None = None  # (model, sidecar, frame) of _store_frame
 
     @property
     def sidecar(self):
@@ -211,12 +212,34 @@ class ModelReranker(Reranker):
         return self._sent(docs, lengths, dtype, buffer)
 
     def _read_spans(self, starts: np.ndarray, lengths: np.ndarray, dtype: torch.dtype,
-                    buffer: BatchBuffer | None = None, heads: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`_read_batch` of token spans (windows, from ``SidecarReader.window_spans``) instead of rows."""
+                    buffer: BatchBuffer | None = None, heads: int | None = None,
+                    rotated: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_read_batch` of token spans (windows, from ``SidecarReader.window_spans``) instead of rows;
+        ``rotated``: in the sidecar codec's rotated frame (see :meth:`_store_frame`)."""
         on_cpu = self.device.type == "cpu"
         docs, lengths = self.sidecar.get_spans(starts, lengths, dtype=dtype if on_cpu else None, buffer=buffer,
-                                               heads=heads)
+                                               heads=heads, rotated=rotated)
         return self._sent(docs, lengths, dtype, buffer)
+
+    @property
+    def folds_codec_rotation(self) -> bool:
+        """True when the sidecar's codec rotation (an ``opq`` store's) is folded into the scoring model, so that its
+        codes are read without rotating them back (see :meth:`~pyserini_mores.models.base.RankingModel.store_frame`)."""
+        return self._store_frame(self.scoring_model) is not None
+
+    def _store_frame(self, model: RankingModel):
+        """``model``'s frame (:meth:`~pyserini_mores.models.base.RankingModel.store_frame`) for the sidecar's codec
+        rotation, made once per model and sidecar; ``None`` when the sidecar has no rotation or the model needs the
+        stored vectors themselves."""
+        rotation = getattr(self.sidecar, "store_rotation", None)
+        if rotation is None:
+            return None
+        cached = self._frame_of
+        if cached is None or cached[0] is not model or cached[1] is not self.sidecar:
+            with torch.inference_mode(False), torch.no_grad():  # normal tensors: reused across queries and modes
+                frame = model.store_frame(torch.from_numpy(np.asarray(rotation)).to(self.device))
+            cached = self._frame_of = (model, self.sidecar, frame)
+        return cached[2]
 
     def _sent(self, docs: torch.Tensor, lengths: torch.Tensor, dtype: torch.dtype,
               buffer: BatchBuffer | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -379,6 +402,9 @@ class ModelReranker(Reranker):
             self.sidecar.prefetch(rows)
         starts, lengths_of_windows, owners = self.sidecar.window_spans(rows, first_only=how == "firstp")
         query_state = model.encode_query(self._on_device(model.tokenize_queries([query])))
+        frame = self._store_frame(model)
+        if frame is not None:  # the codec's rotation is folded into the query side: codes decode without it
+            query_state = model.query_in_frame(query_state, frame)
         width = (model.config.encoder.hidden_size,) if cls else ()
         window_scores = torch.empty((len(starts), *width))
         # Group windows of similar length so batches carry little padding: all of them, or under a deadline
@@ -396,7 +422,7 @@ class ModelReranker(Reranker):
             # Under bf16 the stored rows go straight to bf16: no fp32 copy of the candidates is ever made.
             docs, lengths = self._read_spans(starts[chunk], lengths_of_windows[chunk],
                                              PRECISIONS[self.precision] or torch.float32, buffer=buffer,
-                                             heads=model.stored_heads)
+                                             heads=model.stored_heads, rotated=frame is not None)
             window_scores[torch.from_numpy(chunk)] = score(query_state, docs, lengths).float().cpu()
             scored += len(chunk)
         return window_scores[:scored], owners

@@ -132,6 +132,12 @@ class TokenCodec:
         return bool(self._index.is_trained)
 
     @property
+    def rotation(self) -> np.ndarray | None:
+        """The ``opq`` codec's rotation ``R [dim, dim]`` (float32; a vector ``x`` is coded as ``y = R x``), which
+        :meth:`decode` with ``rotated=True`` leaves to the consumer; ``None`` for every other codec."""
+        return self._opq.rotation if self._opq is not None else None
+
+    @property
     def min_training_tokens(self) -> int:
         """k-means needs at least one point per centroid; a scalar quantiser, one vector."""
         if self._residual is not None:
@@ -227,9 +233,13 @@ class TokenCodec:
             return (self._residual or self._opq).encode(vectors)
         return self._index.sa_encode(vectors)
 
-    def decode(self, codes: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    def decode(self, codes: np.ndarray, out: np.ndarray | None = None, rotated: bool = False) -> np.ndarray:
         """``[n, dim]`` float32 vectors of ``codes [n, code_size]``, in one faiss call, into ``out`` when given (a
-        preallocated C-contiguous float32 ``[n, dim]`` array) so a batch of reads allocates nothing more."""
+        preallocated C-contiguous float32 ``[n, dim]`` array) so a batch of reads allocates nothing more.
+        ``rotated``: the vectors in the codec's rotated frame ``y ≈ R x``, not rotated back (``opq`` only: see
+        :attr:`rotation`)."""
+        if rotated and self._opq is None:
+            raise ValueError(f"the {self.name} codec has no rotated frame (only opq has)")
         self._check_trained()
         codes = np.ascontiguousarray(codes, dtype=CODE_DTYPE)
         if codes.ndim != 2 or codes.shape[1] != self.code_size:
@@ -239,7 +249,9 @@ class TokenCodec:
         elif out.shape != (len(codes), self.dim) or out.dtype != np.float32 or not out.flags.c_contiguous:
             raise ValueError(f"out must be a C-contiguous float32 array of shape {(len(codes), self.dim)}")
         if len(codes):
-            if self._residual is not None or self._opq is not None:
+            if rotated:
+                self._opq.decode_rotated(codes, out)
+            elif self._residual is not None or self._opq is not None:
                 (self._residual or self._opq).decode(codes, out)
             else:
                 self._index.sa_decode(codes, out)

@@ -7,11 +7,16 @@ few directions spread across the slices (MORES, PreTTR, TK) lose most of it. The
 ``OPQMatrix`` (alternating PQ training and the orthogonal Procrustes solution), mixes those directions so every slice
 carries a balanced share of the variance and the slices are closer to independent.
 
-Decoding is the PQ centroid gather, then ``x = Rᵀ y`` as float32 matrix products whose row counts are multiples of
-:data:`DECODE_BLOCK_ROWS` (the rows past the last whole block go through one zero-padded block): a BLAS library takes
-another path for a product of a few rows (a single row becomes a matrix-vector product), which rounds differently, so
-every row is computed by the same kernel and a batch decodes each row bit for bit as
-:meth:`OptimizedProductQuantizer.decode_reference` decodes it alone.
+Decoding is the PQ centroid gather, ``y``, then ``x = Rᵀ y`` as one float32 matrix product per batch. The gather is
+exact: a batch gathers each row bit for bit as :meth:`OptimizedProductQuantizer.decode_reference` gathers it alone.
+The product is not: a BLAS kernel computes rows in tiles (of 6 or 12 rows on some CPUs) whose positions take
+different instruction paths, so a row's last bits depend on where in the batch it sits; the batch equals the reference
+to float32 rounding of the product (a relative error ~1e-7), which the tests bound.
+
+A consumer whose first use of a stored vector is linear can skip the rotation back: :meth:`decode_rotated` is the
+centroid gather alone, ``y = R x`` approximately, and since ``x · w = y · (R w)`` the consumer rotates its own,
+fewer, vectors instead (a query's terms, or a projection's weights once per sidecar): at depth 1000 the rotation back
+is ``dim²`` multiply-adds for each of ~70,000 stored tokens, more than the gather.
 
 The trained parameters are one flat float32 vector (``codec.bin``): the rotation ``R`` ``[dim, dim]`` row-major
 (``y = R x``), then the PQ centroids ``[M, 256, dim / M]``.
@@ -29,7 +34,6 @@ logger = logging.getLogger(__name__)
 
 BITS = 8  # 256 centroids per sub-quantiser: one byte per code
 ITERATIONS = 25  # faiss OPQMatrix's alternations of PQ training and rotation update
-DECODE_BLOCK_ROWS = 64  # rows per rotation product: a multiple of every BLAS kernel's row unroll
 ORTHOGONALITY_TOLERANCE = 1e-3  # |R Rᵀ - I| bound of a stored rotation; a trained one is within ~1e-6
 POINTS_PER_CENTROID = 39  # below this many training points per centroid k-means is poorly fit (faiss's advice)
 
@@ -123,37 +127,40 @@ class OptimizedProductQuantizer:
         return self._pq.sa_encode(np.ascontiguousarray(vectors @ self.rotation.T))
 
     def decode(self, codes: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """Decode ``codes [n, M]`` into ``out [n, dim]`` float32: the centroids of each slice, rotated back by ``Rᵀ``
-        in blocks of :data:`DECODE_BLOCK_ROWS` rows."""
+        """Decode ``codes [n, M]`` into ``out [n, dim]`` float32: the centroids of each slice, rotated back by
+        ``Rᵀ``."""
         self._check_trained()
         codes = np.ascontiguousarray(codes, dtype=CODE_DTYPE)
-        block = DECODE_BLOCK_ROWS
-        whole = len(codes) - len(codes) % block
-        if whole:
-            rotated = self._pq.sa_decode(codes[:whole])
-            np.matmul(rotated, self.rotation, out=out[:whole])
-        if whole < len(codes):
-            rest = len(codes) - whole
-            rotated = np.zeros((block, self.dim), dtype=np.float32)
-            self._pq.sa_decode(codes[whole:], rotated[:rest])
-            out[whole:] = (rotated @ self.rotation)[:rest]
+        if len(codes):
+            np.matmul(self._pq.sa_decode(codes), self.rotation, out=out)
         return out
 
-    def decode_reference(self, code: np.ndarray) -> np.ndarray:
-        """One code decoded alone (its centroids looked up slice by slice, then the rotation product of one padded
-        block), the definition :meth:`decode` must equal."""
+    def decode_rotated(self, codes: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Decode ``codes [n, M]`` into ``out [n, dim]`` float32 in the rotated frame: the centroids of each slice,
+        ``y ≈ R x`` (:meth:`decode` is ``y @ R``)."""
+        self._check_trained()
+        codes = np.ascontiguousarray(codes, dtype=CODE_DTYPE)
+        if len(codes):
+            self._pq.sa_decode(codes, out)
+        return out
+
+    def decode_reference(self, code: np.ndarray, rotated: bool = False) -> np.ndarray:
+        """One code decoded alone, the definition a batch must meet: its centroids looked up slice by slice (``y``,
+        what :meth:`decode_rotated` gives, exactly), then unless ``rotated`` ``x = Rᵀ y`` in float64, rounded once
+        to float32 (what :meth:`decode` gives to float32 rounding of its product)."""
         import faiss
 
         self._check_trained()
         sub = self.dim // self.subquantizers
         centroids = faiss.vector_to_array(self._pq.pq.centroids).reshape(self.subquantizers, 2 ** BITS, sub)
-        padded = np.zeros((DECODE_BLOCK_ROWS, self.dim), dtype=np.float32)
-        padded[0] = np.concatenate([centroids[m, int(code[m])] for m in range(self.subquantizers)])
-        return (padded @ self.rotation)[0]
+        gathered = np.concatenate([centroids[m, int(code[m])] for m in range(self.subquantizers)])
+        if rotated:
+            return gathered
+        return (gathered.astype(np.float64) @ self.rotation.astype(np.float64)).astype(np.float32)
 
     def _check_trained(self) -> None:
         if not self.trained:
             raise RuntimeError("the opq codec is not trained yet")
 
 
-__all__ = ["DECODE_BLOCK_ROWS", "ITERATIONS", "OptimizedProductQuantizer"]
+__all__ = ["ITERATIONS", "OptimizedProductQuantizer"]

@@ -257,6 +257,12 @@ class SidecarReader(ManifestMetadata):
         return self._codec
 
     @property
+    def store_rotation(self) -> np.ndarray | None:
+        """The rotation ``R [dim, dim]`` of an ``opq`` sidecar, whose codes :meth:`get_spans` with ``rotated=True``
+        decodes without rotating back (``x ≈ y @ R``); ``None`` for every other store."""
+        return self.codec.rotation if self.manifest.compressed else None
+
+    @property
     def bytes_per_doc(self) -> float:
         """Mean bytes of token vectors per document (``tokens.bin`` size / ``num_docs``)."""
         return self.manifest.files[TOKENS].bytes / max(1, self.num_docs)
@@ -385,11 +391,13 @@ class SidecarReader(ManifestMetadata):
 
     def get_spans(self, starts: np.ndarray, lengths: np.ndarray, device: str | torch.device = "cpu",
                   dtype: torch.dtype | str | None = "float32", buffer: BatchBuffer | None = None,
-                  heads: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  heads: int | None = None, rotated: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`get_batch` of token spans (``tokens[starts[i]:starts[i] + lengths[i]]``, e.g. from
         :meth:`window_spans`) instead of rows."""
         import torch
 
+        if rotated and self.store_rotation is None:
+            raise ValueError(f"sidecar {self.path} has no rotated frame (only an opq codec has one)")
         starts = np.asarray(starts, dtype=np.int64)
         lengths = np.asarray(lengths, dtype=np.int64)
         if len(starts) and (starts.min() < 0 or int((starts + lengths).max()) > self.num_tokens):
@@ -399,7 +407,7 @@ class SidecarReader(ManifestMetadata):
         self._check_tokens(starts, lengths)
         if self.manifest.compressed:  # codes are decoded token-major, then transposed
             padded = self._gather_padded(starts, lengths, max_len, buffer)
-            padded = torch.from_numpy(self._decode_padded(padded.numpy(), lengths))
+            padded = torch.from_numpy(self._decode_padded(padded.numpy(), lengths, rotated))
             if heads is not None:
                 padded = head_major(padded, heads)
         else:
@@ -415,7 +423,7 @@ class SidecarReader(ManifestMetadata):
 
     def get_batch(self, rows: Sequence[int] | np.ndarray, device: str | torch.device = "cpu",
                   dtype: torch.dtype | str | None = "float32", buffer: BatchBuffer | None = None,
-                  heads: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  heads: int | None = None, rotated: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Zero-padded vectors of ``rows`` (any order, repeats allowed) for scoring.
 
         Args:
@@ -429,6 +437,8 @@ class SidecarReader(ManifestMetadata):
                 Reuse-S2 stores every block's keys and values, attention heads side by side) and ``docs`` comes as
                 ``[B, heads, Lmax, dim / heads]``, every head's rows contiguous. The gather itself transposes, so
                 attention reads contiguous keys without a transposing copy of the batch.
+            rotated: the vectors of an ``opq`` sidecar in its codec's rotated frame, not rotated back (see
+                :attr:`store_rotation`), for a consumer that folds the rotation into its own vectors.
 
         Returns:
             ``docs [B, Lmax, dim]`` (or head-major, above) with zeros after each document's length, and
@@ -438,7 +448,7 @@ class SidecarReader(ManifestMetadata):
         rows = self._check_rows(rows)
         starts = np.asarray(self.offsets[rows])
         lengths = np.asarray(self.offsets[rows + 1]) - starts
-        return self.get_spans(starts, lengths, device, dtype, buffer, heads)
+        return self.get_spans(starts, lengths, device, dtype, buffer, heads, rotated)
 
     def _gather_padded(self, starts: np.ndarray, lengths: np.ndarray, max_len: int,
                        buffer: BatchBuffer | None, heads: int | None = None) -> torch.Tensor:
@@ -515,13 +525,13 @@ class SidecarReader(ManifestMetadata):
             self._maps[_TORCH_TOKENS] = cached
         return cached
 
-    def _decode_padded(self, codes: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    def _decode_padded(self, codes: np.ndarray, lengths: np.ndarray, rotated: bool = False) -> np.ndarray:
         """``[B, Lmax, dim]`` float32 vectors of padded ``codes [B, Lmax, code_size]``: every row of the batch in one
         faiss call, straight into the padded buffer (candidates arrive sorted by length, so padding is little); the
         padding, whose zero codes decode to a non-zero vector, is zeroed after."""
         batch, max_len, width = codes.shape
         padded = np.empty((batch, max_len, self.dim), dtype=np.float32)
-        self.codec.decode(codes.reshape(-1, width), out=padded.reshape(-1, self.dim))
+        self.codec.decode(codes.reshape(-1, width), out=padded.reshape(-1, self.dim), rotated=rotated)
         padded[np.arange(max_len)[None, :] >= lengths[:, None]] = 0
         return padded
 

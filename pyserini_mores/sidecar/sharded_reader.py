@@ -151,20 +151,32 @@ class ShardedSidecarReader(ManifestMetadata):
         (shard, _, local), = self._split(self._check_rows([row]))
         return shard.get(int(local[0]))
 
+    @property
+    def store_rotation(self) -> np.ndarray | None:
+        """The rotation every shard's ``opq`` codec shares (see :attr:`SidecarReader.store_rotation`); ``None`` when
+        a shard has none or the shards' codecs were trained apart (their rotated frames differ)."""
+        if not hasattr(self, "_store_rotation"):  # the shards' codecs never change: compared once
+            rotations = [shard.store_rotation for shard in self.shards]
+            shared = bool(rotations) and all(rotation is not None and np.array_equal(rotations[0], rotation)
+                                             for rotation in rotations)
+            self._store_rotation = rotations[0] if shared else None
+        return self._store_rotation
+
     def get_batch(self, rows: Sequence[int] | np.ndarray, device: str | torch.device = "cpu",
                   dtype: torch.dtype | str | None = "float32", buffer: BatchBuffer | None = None,
-                  heads: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  heads: int | None = None, rotated: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Zero-padded ``docs [B, Lmax, dim]`` (or head-major) and ``lengths [B]`` of ``rows``, exactly as
         :meth:`SidecarReader.get_batch` gives them for an unsharded sidecar (rows may span shards). ``buffer`` is
         used when the rows come from one shard (batches spanning shards are assembled in fresh memory)."""
 
         rows = self._check_rows(rows)
         check_heads(heads, self.dim)
+        self._check_rotated(rotated)
         split = self._split(rows)
         if len(split) == 1:  # every row in one shard, in input order: its batch is already the answer
             shard, _, local = split[0]
-            return shard.get_batch(local, device, dtype, buffer, heads)
-        parts = [(where, *shard.get_batch(local, dtype=None)) for shard, where, local in split]
+            return shard.get_batch(local, device, dtype, buffer, heads, rotated)
+        parts = [(where, *shard.get_batch(local, dtype=None, rotated=rotated)) for shard, where, local in split]
         if not parts:  # no rows: the empty batch of the stored dtype
             return self._joined([self.shards[0].get_batch(rows, dtype=None)], len(rows), device, dtype, heads)
         return self._joined(parts, len(rows), device, dtype, heads)
@@ -208,12 +220,13 @@ class ShardedSidecarReader(ManifestMetadata):
 
     def get_spans(self, starts: np.ndarray, lengths: np.ndarray, device: str | torch.device = "cpu",
                   dtype: torch.dtype | str | None = "float32", buffer: BatchBuffer | None = None,
-                  heads: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  heads: int | None = None, rotated: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`SidecarReader.get_spans` of spans from :meth:`window_spans` (spans may lie in several shards)."""
 
         starts = np.asarray(starts, dtype=np.int64)
         lengths = np.asarray(lengths, dtype=np.int64)
         check_heads(heads, self.dim)
+        self._check_rotated(rotated)
         if len(starts) and (starts.min() < 0 or int((starts + lengths).max()) > self.num_tokens):
             raise IndexError(f"token spans reach beyond the {self.num_tokens} tokens of sidecar {self.path}")
         # A span lies in the first shard ending after its start (an empty span at the very end: the last shard).
@@ -223,12 +236,18 @@ class ShardedSidecarReader(ManifestMetadata):
                  for shard, where in split]
         if len(split) == 1:
             shard, _, local = split[0]
-            return shard.get_spans(local, lengths, device, dtype, buffer, heads)
-        parts = [(where, *shard.get_spans(local, lengths[where], dtype=None)) for shard, where, local in split]
+            return shard.get_spans(local, lengths, device, dtype, buffer, heads, rotated)
+        parts = [(where, *shard.get_spans(local, lengths[where], dtype=None, rotated=rotated))
+                 for shard, where, local in split]
         if not parts:
             return self._joined([self.shards[0].get_spans(starts, lengths, dtype=None)], len(starts), device, dtype,
                                 heads)
         return self._joined(parts, len(starts), device, dtype, heads)
+
+    def _check_rotated(self, rotated: bool) -> None:
+        if rotated and self.store_rotation is None:
+            raise ValueError(f"sharded sidecar {self.path} has no rotated frame its shards share (only opq codecs "
+                             "trained once for every shard have one)")
 
     def _joined(self, parts: list, count: int, device, dtype, heads: int | None) -> tuple[torch.Tensor, torch.Tensor]:
         """One padded batch of ``count`` items from each shard's part ``(where, docs, lengths)`` (``where``: the

@@ -362,3 +362,43 @@ def test_command_explains_only_models_it_knows(tiny_index, tiny_maxsim_dir, tmp_
     assert "explain supports the rerankers mores, prettr, tk" in capsys.readouterr().err
     assert main(["--index", str(tiny_index), "--query", QUERY, "--output", str(tmp_path / "out")]) == 2
     assert "--reranker is required" in capsys.readouterr().err
+
+
+def test_a_windowed_sidecar_explains_each_documents_first_window(tokenizer, tiny_index, texts, tmp_path):
+    """A windowed sidecar's row is every window of a document one after the other; explain shows the first, which is
+    what the model reads of the text: the same maps as from a truncated sidecar, with a note that says so."""
+    from pyserini_mores.explain import explain_documents
+    from pyserini_mores.explain._types import DocumentExplanation
+    from pyserini_mores.models._layers import BertDims
+    from pyserini_mores.sidecar import open_sidecar
+    from pyserini_mores.windows import WindowOptions
+
+    dims = BertDims(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64,
+                    max_position_embeddings=256)
+    torch.manual_seed(0)
+    model = spread_weights(MoresModel(MoresConfig(encoder=dims, n_interaction_blocks=1, reuse="s1",
+                                                  doc_max_length=8), tokenizer), seed=2).eval()
+    reports = {}
+    for name, windows in (("truncated", None), ("windowed", WindowOptions(max_windows=4))):
+        searcher = open_searcher(tiny_index)
+        try:
+            path = build_sidecar(searcher, model, tmp_path / name, reranker_name="mores", dtype="float32",
+                                 batch_size=4, progress=False, windows=windows)
+        finally:
+            searcher.close()
+        reranker = get_reranker("mores", model=model)
+        reranker.sidecar = open_sidecar(path)
+        if name == "windowed":
+            assert reranker.sidecar.window_counts(reranker.sidecar.rows_for_docids(DOCIDS)).min() > 1
+        documents = [DocumentExplanation(docid=docid, text=text, score=0.0) for docid, text in zip(DOCIDS, texts)]
+        reports[name] = explain_documents(reranker, QUERY, documents)
+    truncated, windowed = reports["truncated"], reports["windowed"]
+    assert any(note.startswith("The sidecar stores up to 4 windows per document; shown is the first window")
+               for note in windowed.notes)
+    assert not any("windows per document" in note for note in truncated.notes)
+    for plain, first in zip(truncated.documents, windowed.documents):
+        assert [m.key for m in plain.attention] == [m.key for m in first.attention]
+        for plain_map, first_map in zip(plain.attention, first.attention):
+            assert plain_map.columns == first_map.columns
+            torch.testing.assert_close(torch.as_tensor(first_map.weights), torch.as_tensor(plain_map.weights),
+                                       rtol=1e-5, atol=1e-6)

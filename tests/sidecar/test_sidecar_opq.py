@@ -15,7 +15,7 @@ from pyserini_mores.sidecar import SidecarCorruptError, SidecarWriter, open_side
 from pyserini_mores.sidecar.__main__ import main as sidecar_main
 from pyserini_mores.sidecar.assemble import assemble_shards
 from pyserini_mores.sidecar.codecs import TokenCodec, code_size, codec_options
-from pyserini_mores.sidecar.opq import DECODE_BLOCK_ROWS, OptimizedProductQuantizer
+from pyserini_mores.sidecar.opq import OptimizedProductQuantizer
 from pyserini_mores.sidecar.shards import shard_rows
 
 DIM, M = 16, 4
@@ -86,19 +86,35 @@ def test_centroid_vectors_decode_to_themselves():
     assert np.allclose(_decode(codec, codec.encode(vectors)), vectors, atol=1e-5)
 
 
-@pytest.mark.parametrize("count", [1, 3, DECODE_BLOCK_ROWS - 1, DECODE_BLOCK_ROWS, DECODE_BLOCK_ROWS + 1, 517])
+def _assert_batch_meets_the_reference(codec: OptimizedProductQuantizer, codes: np.ndarray) -> None:
+    """The gather bit for bit, row by row; the rotation back to float32 rounding of its product (a row's last bits
+    depend on its position in a BLAS tile), far below what another row's vector would differ by."""
+    rotated = codec.decode_rotated(codes, np.empty((len(codes), codec.dim), dtype=np.float32))
+    assert np.array_equal(rotated, np.stack([codec.decode_reference(code, rotated=True) for code in codes]))
+    decoded, reference = _decode(codec, codes), np.stack([codec.decode_reference(code) for code in codes])
+    scale = np.linalg.norm(reference, axis=1, keepdims=True)
+    assert (np.abs(decoded - reference) <= 1e-6 * scale).all()
+    np.testing.assert_array_equal(rotated @ codec.rotation, decoded)  # decode is that product, nothing else
+
+
+@pytest.mark.parametrize("count", [1, 3, 63, 64, 65, 517])
 def test_batch_decode_equals_the_reference_decode_row_by_row(count):
     codec = _trained(_vectors(4000, seed=5))
     for codes in (codec.encode(_vectors(count, seed=6)),  # any code decodes the same way, not only encode's
                   np.random.default_rng(7).integers(0, 256, (count, M), dtype=np.uint8)):
-        assert np.array_equal(_decode(codec, codes), np.stack([codec.decode_reference(code) for code in codes]))
-    # at the MiniLM width, where a BLAS library computes a product of one row (or a few) another way than a block
+        _assert_batch_meets_the_reference(codec, codes)
+    # at the MiniLM width
     rng = np.random.default_rng(8)
     wide = OptimizedProductQuantizer(384, 48)
     rotation = np.linalg.qr(rng.standard_normal((384, 384)))[0].astype(np.float32)
     wide.load_parameters(np.concatenate([rotation.ravel(), rng.standard_normal(384 * 256).astype(np.float32)]))
-    codes = rng.integers(0, 256, (count, 48), dtype=np.uint8)
-    assert np.array_equal(_decode(wide, codes), np.stack([wide.decode_reference(code) for code in codes]))
+    _assert_batch_meets_the_reference(wide, rng.integers(0, 256, (count, 48), dtype=np.uint8))
+    # a row swapped with its neighbour is caught: the bound is far tighter than two rows' difference
+    if count > 1:
+        codes = rng.integers(0, 256, (count, 48), dtype=np.uint8)
+        decoded = _decode(wide, codes)
+        reference = np.stack([wide.decode_reference(code) for code in codes[::-1]])
+        assert (np.abs(decoded - reference) > 1e-3).any()
 
 
 def test_parameters_round_trip_and_their_layout():
