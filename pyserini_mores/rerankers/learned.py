@@ -237,7 +237,7 @@ class ModelReranker(Reranker):
         cached = self._frame_of
         if cached is None or cached[0] is not model or cached[1] is not self.sidecar:
             with torch.inference_mode(False), torch.no_grad():  # normal tensors: reused across queries and modes
-                frame = model.store_frame(torch.from_numpy(np.asarray(rotation)).to(self.device))
+                frame = model.store_frame(torch.tensor(rotation, device=self.device))  # a copy: the codec's is read-only
             cached = self._frame_of = (model, self.sidecar, frame)
         return cached[2]
 
