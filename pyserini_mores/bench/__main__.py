@@ -31,6 +31,7 @@ import logging
 import sys
 
 from .._cli import device_name, run_parsed, setup_logging
+from ..sidecar.codecs import CODECS
 from .names import BASELINES
 
 logger = logging.getLogger(__name__)
@@ -73,9 +74,11 @@ def define_bench_args(parser: argparse.ArgumentParser) -> None:
                         help="cross-encoders timed beside the project's, on its weights, whenever it is measured: "
                              f"{', '.join(BASELINES)} (Hugging Face BertForSequenceClassification with sdpa "
                              "attention, sentence-transformers CrossEncoder), or none (default: both)")
-    parser.add_argument("--codec", choices=["fp16", "sq8", "sq6", "sq4", "pq"], default="fp16",
-                        help="sidecar codec of the precomputing models: fp16 vectors, or a faiss codec trained on the "
-                             "random rows and decoded at read time (default: fp16)")
+    parser.add_argument("--codec", choices=CODECS, default="fp16",
+                        help="sidecar codec of the precomputing models: fp16 vectors, or a codec of `sidecar build "
+                             "--codec` with its default settings, trained on the random rows and decoded at read time "
+                             "(default: fp16); pq and opq train on at least 256 token vectors, residual on 4096: "
+                             "--candidates x the stored tokens per document must reach that")
     parser.add_argument("--store-dtype", choices=["float16", "bfloat16", "float32"], default="float16",
                         help="vector dtype of the uncompressed sidecars, as `sidecar build --dtype` (default: float16; "
                              "bfloat16 is read without conversion under --precision bf16)")
@@ -152,6 +155,9 @@ def run_bench(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: l
     setup_logging(args.verbose)
     try:
         config = config_from_args(args)
+        from .runner import check_codec_workload
+
+        check_codec_workload(config)
     except ValueError as error:
         parser.error(str(error))
     if args.plot:

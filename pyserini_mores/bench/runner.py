@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ..precision import resolve_device
+from ..sidecar.codecs import CODECS, TokenCodec, is_compressed
 from . import baselines, machine, model_flops, workload
 from . import flops as flop_formulas
 from .model_hooks import benchmark_hooks
@@ -76,9 +77,36 @@ class BenchConfig:
             raise ValueError("candidates, repetitions and batch size must be >= 1, query length >= 3")
         if any(d < 3 for d in self.doc_lens):
             raise ValueError("document lengths must be >= 3 tokens")
+        if self.codec not in CODECS:
+            raise ValueError(f"unknown codec {self.codec}; known: {', '.join(CODECS)}")
         unknown = [b for b in self.baselines if b not in baselines.BASELINES]
         if unknown:
             raise ValueError(f"unknown baseline(s) {', '.join(unknown)}; known: {', '.join(baselines.BASELINES)}")
+
+
+def check_codec_workload(config: BenchConfig) -> None:
+    """Refuse (``ValueError``) a compressed ``config.codec`` that a sidecar of the workload cannot train: each holds
+    ``candidates`` documents of the stored tokens of its cell, and k-means fits 256 centroids per sub-quantiser
+    (``pq``, ``opq``) or ``num_centroids`` (``residual``, 4,096) from at least as many token vectors."""
+    if not is_compressed(config.codec):
+        return
+    if config.models:
+        workload.check_selectors(config.models, config.backbones)
+    needed = TokenCodec(config.codec, 64).min_training_tokens  # independent of the width
+    for backbone in config.backbones:
+        dims = workload.backbone_dims(backbone)
+        for doc_len in config.doc_lens:
+            lengths = workload.cell_lengths(backbone, config.query_len, doc_len)
+            for variant in workload.select_variants(config.models, backbone):
+                if variant.model in baselines.CROSS_ENCODERS or workload.feasible(variant, dims.num_hidden_layers):
+                    continue  # no sidecar
+                tokens = config.candidates * workload.stored_doc_tokens(variant, lengths)
+                if tokens < needed:
+                    raise ValueError(
+                        f"--codec {config.codec} trains on at least {needed:,} token vectors, but the {variant.key} "
+                        f"sidecar at {backbone} d = {doc_len} stores {config.candidates:,} candidates x "
+                        f"{workload.stored_doc_tokens(variant, lengths)} tokens = {tokens:,}; raise --candidates or "
+                        "--doc-lens, or choose sq8, sq6 or sq4")
 
 
 def run_benchmark(config: BenchConfig, progress: Callable[[str], None] | None = None) -> dict:
@@ -86,6 +114,7 @@ def run_benchmark(config: BenchConfig, progress: Callable[[str], None] | None = 
     progress = progress or (lambda message: logger.info("%s", message))
     if config.models:
         workload.check_selectors(config.models, config.backbones)
+    check_codec_workload(config)
     device = resolve_device(config.device)
     progress(f"measuring the GEMM peak (fp32, bf16) on {device}")
     peaks = {p: machine.measure_gemm_peak(p, config.peak_sizes, config.peak_repetitions, device) for p in PRECISIONS}

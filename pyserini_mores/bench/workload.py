@@ -245,15 +245,28 @@ def synthetic_texts(words: tuple[str, ...], count: int, length: int, seed: int) 
 def write_sidecar(path: Path, model, variant: Variant, backbone: str, lengths: Lengths, num_docs: int,
                   seed: int, dtype: str = "float16", codec: str = "fp16") -> dict:
     """Write ``num_docs`` documents of :func:`stored_doc_tokens` random rows each (``dtype`` vectors, or a compressed
-    ``codec`` trained on them), as the sidecar build would; returns the identity to open it with (``expect_*``)."""
+    ``codec`` trained on them), as the sidecar build would; returns the identity to open it with (``expect_*``).
+
+    The documents repeat a pool of 16 random documents, or of as many as hold the token vectors the codec needs
+    to train (distinct vectors: k-means fits no more centroids than it sees points).
+
+    Raises:
+        ValueError: the documents hold fewer token vectors than ``codec`` trains on (see
+            :func:`.runner.check_codec_workload`).
+    """
     from ..sidecar import SidecarWriter
+    from ..sidecar.codecs import TokenCodec, is_compressed
 
     width, tokens = model.store_width, stored_doc_tokens(variant, lengths)
+    needed = TokenCodec(codec, width).min_training_tokens if is_compressed(codec) else 1
+    if num_docs * tokens < needed:
+        raise ValueError(f"the {codec} codec trains on at least {needed:,} token vectors, but the {variant.key} "
+                         f"sidecar holds {num_docs:,} documents x {tokens} tokens")
     identity = f"bench:{backbone}:{variant.key}:q{lengths.query_len}:d{lengths.doc_len}:{model.store_variant}"
     fingerprint = hashlib.sha256(identity.encode()).hexdigest()
     index = {"num_docs": num_docs, "signature": "pyserini-mores-bench-synthetic"}
     rng = np.random.default_rng(seed)
-    pool_docs = max(1, min(num_docs, 16))
+    pool_docs = max(1, min(num_docs, max(16, -(-needed // max(1, tokens)))))
     pool = rng.standard_normal((pool_docs, tokens, width), dtype=np.float32)
     if model_hooks.benchmark_hooks(variant.model).stores_unit_vectors:
         pool /= np.linalg.norm(pool, axis=-1, keepdims=True)

@@ -87,8 +87,9 @@ def define_build_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--codec", choices=CODECS, default="fp16",
                         help="token vector codec: fp16 stores vectors in --dtype; sq8/sq6/sq4 (faiss scalar "
                              "quantisers, 8/6/4 bits per value), pq (faiss product quantisation, 1 byte per "
-                             "sub-quantiser) and residual (a k-means centroid id + 1-8 bits per kept dimension) are "
-                             "trained on the first documents and decoded at read time")
+                             "sub-quantiser), opq (a learned rotation, then pq) and residual (a k-means centroid id + "
+                             "1-8 bits per kept dimension) are decoded at read time; trained on the first documents, "
+                             "or for a sharded build once, on documents drawn across the collection, for every shard")
     define_codec_option_args(parser)
     parser.add_argument("--max-length", type=int, default=None, help="document length cap in tokens")
     windows = parser.add_argument_group("long documents as windows")
@@ -109,6 +110,14 @@ def define_build_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--shard", type=int, default=None,
                        help="build only this shard (0-based) of --shards at --output (default: "
                             "<sidecar dir>/shard-I-of-N); join the shards with `assemble`")
+    group.add_argument("--train-codec", action="store_true",
+                       help="with a compressed --codec: only train the codec every shard of the build adopts, on "
+                            "documents drawn across the collection, and save it in --output (trained-codec.json "
+                            "and .bin), for `--shards N --shard I` builds to adopt")
+    group.add_argument("--trained-codec", default=None, metavar="DIR",
+                       help="the directory of the build's trained codec (default: --output for a whole sharded "
+                            "build or --train-codec, the shard directory's parent for --shard I); an unsharded build "
+                            "given one adopts it instead of training its own")
     group.add_argument("--engine", choices=["local", "ray"], default="local",
                        help="local: shards one after the other in this process; ray: one Ray task per shard")
     group.add_argument("--address", default=None,
@@ -179,7 +188,8 @@ def _build(args: argparse.Namespace) -> int:
         options = BuildOptions(
             index=args.index, reranker=args.reranker or "", output=args.output, collection=args.collection,
             batch_size=args.batch_size, dtype=args.dtype, codec=args.codec, codec_options=codec_settings,
-            precision=args.precision, device=args.device, overwrite=args.overwrite, restart=args.restart,
+            trained_codec=args.trained_codec, train_codec=args.train_codec, precision=args.precision,
+            device=args.device, overwrite=args.overwrite, restart=args.restart,
             shards=args.shards, shard=args.shard, engine=args.engine, address=args.address,
             max_retries=args.max_retries, cpus_per_task=args.cpus_per_task, gpus_per_task=args.gpus_per_task,
             windows=windows)
@@ -190,6 +200,13 @@ def _build(args: argparse.Namespace) -> int:
         raise UsageExit(f"{error}") from None
     name, model = _stored_model(args)
     path = run_build(dataclasses.replace(options, reranker=name, model=ModelSource.of(model)), model)
+    if options.train_codec:
+        from .trained_codec import load_trained_codec
+
+        trained = load_trained_codec(path)
+        print(f"trained codec written to {path}: {trained.describe()}, trained on {trained.trained_on:,} tokens of "
+              f"{trained.sample.get('documents', 0):,} documents drawn across the collection")
+        return 0
     print(f"sidecar written to {path}")
     print(build_summary(path))
     return 0

@@ -26,6 +26,7 @@ from .format import (
 from .shards import (
     ShardedManifest,
     ShardEntry,
+    codec_identity,
     coverage_problems,
     identity_problems,
     is_sharded,
@@ -84,7 +85,8 @@ def assemble_shards(output: str | os.PathLike, shard_paths: Sequence[str | os.Pa
 
     Shards inside ``output`` are recorded by relative path (the whole tree can move), others by absolute path.
     Checks (cheap: manifests and file sizes; ``verify`` hashes the data): every shard finished and complete-sized;
-    one build id, model fingerprint, index identity, dtype and dim; every shard of the build present exactly once;
+    one codec (name, options and parameters, by their checksum), build id, model fingerprint, index identity, dtype
+    and dim; every shard of the build present exactly once;
     row ranges contiguous, non-overlapping and covering every document.
 
     Raises:
@@ -99,7 +101,8 @@ def assemble_shards(output: str | os.PathLike, shard_paths: Sequence[str | os.Pa
     shards = sorted((_read_shard(Path(path)) for path in shard_paths), key=lambda shard: shard.rows)
     first = shards[0]
     reference = {"build_id": first.record["build_id"], "fingerprint": first.manifest.model_fingerprint,
-                 "index": first.manifest.index, "dtype": first.manifest.dtype, "dim": first.manifest.dim}
+                 "index": first.manifest.index, "dtype": first.manifest.dtype, "dim": first.manifest.dim,
+                 "codec": codec_identity(first.manifest)}
     for shard in shards[1:]:
         problems = identity_problems(shard.manifest, shard.path, reference, str(first.path))
         if problems:

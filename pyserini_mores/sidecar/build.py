@@ -23,15 +23,39 @@ import torch
 from tqdm import tqdm
 
 from ..formats import read_collection
-from ..index import index_docids, index_identity, iter_index_documents, open_searcher, resolve_index
+from ..index import (
+    document_text,
+    index_docids,
+    index_identity,
+    iter_index_documents,
+    open_searcher,
+    resolve_index,
+)
 from ..models import RankingModel, load_model
 from ..precision import resolve_device, resolve_precision
 from ..windows import WindowOptions, document_capacity, full_window_count, split_text, token_spans
 from .assemble import assemble_shards
-from .codecs import CODECS
-from .format import MANIFEST, SidecarExistsError, SidecarMismatchError, default_sidecar_path
+from .codecs import CODECS, TokenCodec, is_compressed
+from .format import (
+    MANIFEST,
+    SidecarExistsError,
+    SidecarMismatchError,
+    SidecarNotFoundError,
+    default_sidecar_path,
+    partial_path,
+)
 from .ray_engine import build_shards_on_ray
 from .shards import ShardPlan, is_sharded, shard_dirname, shard_is_complete, shard_rows, sharded_build_id
+from .trained_codec import (
+    TRAINED_CODEC,
+    TrainedCodec,
+    load_trained_codec,
+    parameters_sha256,
+    save_trained_codec,
+    trained_codec_directory,
+    trained_codec_exists,
+    trained_codec_problem,
+)
 from .writer import SidecarWriter
 
 logger = logging.getLogger(__name__)
@@ -41,6 +65,8 @@ logger = logging.getLogger(__name__)
 WINDOW_BATCHES = 16
 
 ENGINES = ("local", "ray")
+# The documents that train a sharded build's codec are drawn in this seeded order (the same sample on every run).
+CODEC_SAMPLE_SEED = 0
 
 
 @dataclass(frozen=True)
@@ -77,9 +103,17 @@ class BuildOptions:
         collection: a collection file (MS MARCO TSV or JSONL) for indexes that store no text.
         batch_size: documents encoded per batch.
         dtype: storage dtype of the vectors under the ``fp16`` codec.
-        codec: ``fp16``, or a compressed codec (``sq8``, ``sq6``, ``sq4``, ``pq``, ``residual``; see :mod:`.codecs`).
-        codec_options: the codec's settings (``pq_subquantizers``; ``nbits``, ``num_centroids``, ``residual_dims``),
-            checked when the codec is made (the command line checks them first with :func:`.codecs.codec_options`).
+        codec: ``fp16``, or a compressed codec (``sq8``, ``sq6``, ``sq4``, ``pq``, ``opq``, ``residual``; see
+            :mod:`.codecs`). Unsharded, it is trained on the first documents written; sharded, once for every shard
+            on documents drawn across the collection (see ``trained_codec``).
+        codec_options: the codec's settings (``pq_subquantizers``; ``nbits``, ``num_centroids``, ``residual_dims``;
+            ``sample_tokens``), checked when the codec is made (the command line checks them first with
+            :func:`.codecs.codec_options`).
+        trained_codec: the directory of the build's trained codec (:mod:`.trained_codec`); default: the sidecar
+            directory for a whole sharded build and ``train_codec``, the shard directory's parent for one shard.
+            A sharded build with a compressed codec trains it there when it is missing, then every shard adopts
+            it; one shard (``shard``) only adopts it, and an unsharded build given one adopts it too.
+        train_codec: only train the sharded build's codec and save it (in ``trained_codec``), build no shard.
         precision: ``fp32``, ``bf16`` autocast while encoding, or ``auto`` (bf16 where the device runs it natively).
         device: where documents are encoded: ``auto`` (CUDA when ``torch.cuda.is_available()``, else the CPU),
             ``cpu``, ``cuda`` or ``cuda:N``. Resolved by each process that encodes (a Ray task on its own node).
@@ -106,6 +140,8 @@ class BuildOptions:
     dtype: str = "float16"
     codec: str = "fp16"
     codec_options: Mapping[str, int] | None = None
+    trained_codec: str | None = None
+    train_codec: bool = False
     precision: str = "fp32"
     device: str = "auto"
     overwrite: bool = False
@@ -135,6 +171,11 @@ class BuildOptions:
                 raise ValueError("--engine ray builds every shard; drop --shard (or build it with --engine local)")
         if self.engine == "ray" and self.shards is None:
             raise ValueError("--engine ray needs --shards N (one Ray task per shard)")
+        if (self.train_codec or self.trained_codec) and not is_compressed(self.codec):
+            flag = "--train-codec" if self.train_codec else "--trained-codec"
+            raise ValueError(f"{flag} needs a compressed --codec ({', '.join(CODECS[1:])}), not {self.codec}")
+        if self.train_codec and self.shard is not None:
+            raise ValueError("--train-codec trains the codec every shard adopts; drop --shard (then build the shards)")
 
 
 def run_build(options: BuildOptions, model: RankingModel | None = None) -> Path:
@@ -148,11 +189,19 @@ def run_build(options: BuildOptions, model: RankingModel | None = None) -> Path:
     # Resolved once, here: every shard (on any Ray node) encodes under, records and agrees on one precision.
     options = dataclasses.replace(options, precision=resolve_precision(options.precision, device))
     with _build_inputs(options, model) as inputs:
+        if options.train_codec:
+            return train_build_codec(inputs, _codec_directory(options, inputs.output),
+                                     overwrite=options.overwrite).path
         if options.shards is None:
+            if options.trained_codec:
+                inputs.settings["trained_codec"] = adopted_codec(inputs, options.trained_codec)
             return inputs.build(inputs.output)
         if options.shard is not None:
             output = (Path(options.output) if options.output
                       else inputs.output / shard_dirname(options.shard, options.shards))
+            if is_compressed(options.codec):
+                inputs.settings["trained_codec"] = adopted_codec(
+                    inputs, _codec_directory(options, output.parent), shard=(options.shard, options.shards))
             return inputs.build(output, shard=(options.shard, options.shards))
         return _build_every_shard(options, inputs)
 
@@ -162,6 +211,9 @@ def build_shard(options: BuildOptions, shard: int, output: str, expect_build_id:
     what one Ray task runs. Returns ``output``."""
     device = resolve_device(options.device)
     with _build_inputs(options, _load(options).to(device), progress=False) as inputs:
+        if is_compressed(options.codec):  # the driver trained it, or found it, at options.trained_codec
+            inputs.settings["trained_codec"] = adopted_codec(inputs, options.trained_codec or Path(output).parent,
+                                                             shard=(shard, options.shards))
         return str(inputs.build(Path(output), shard=(shard, options.shards), expect_build_id=expect_build_id))
 
 
@@ -197,7 +249,7 @@ def _build_inputs(options: BuildOptions, model: RankingModel, progress: bool = T
                         codec=options.codec, codec_options=dict(options.codec_options or {}) or None,
                         precision=options.precision, texts=texts,
                         overwrite=options.overwrite, restart=options.restart,
-                        source=str(resolved.prebuilt_name or resolved.path), progress=progress)
+                        source=str(resolved.prebuilt_name or resolved.path), progress=progress, trained_codec=None)
         yield _BuildInputs(model, searcher, output, settings)
     finally:
         searcher.close()
@@ -206,8 +258,10 @@ def _build_inputs(options: BuildOptions, model: RankingModel, progress: bool = T
 def plan_shards(inputs: _BuildInputs, output: Path, num_shards: int) -> ShardPlan:
     """Shard directories ``output/shard-I-of-N``; finished shards of this build are left out of ``todo`` (a re-run
     redoes only what is missing), unless the build overwrites."""
+    trained = inputs.settings.get("trained_codec")
     build_id = shard_build_id(inputs.model, index_identity(inputs.searcher), inputs.settings["dtype"],
-                              inputs.settings["precision"], num_shards, inputs.settings["windows"])
+                              inputs.settings["precision"], num_shards, inputs.settings["windows"],
+                              codec=trained.identity() if trained is not None else None)
     paths = [output / shard_dirname(shard, num_shards) for shard in range(num_shards)]
     todo = [shard for shard, path in enumerate(paths)
             if inputs.settings["overwrite"] or not shard_is_complete(path, build_id, shard, num_shards)]
@@ -222,6 +276,12 @@ def _build_every_shard(options: BuildOptions, inputs: _BuildInputs) -> Path:
             return output
         if not is_sharded(output):  # found now, not after encoding every shard
             raise SidecarExistsError(f"{output} is a single-directory sidecar; build the sharded one elsewhere")
+    if is_compressed(options.codec):
+        directory = _codec_directory(options, output)
+        if not options.overwrite and not trained_codec_exists(directory):
+            _refuse_shards_without_their_codec(output, options.shards, directory)
+        inputs.settings["trained_codec"] = train_build_codec(inputs, directory, overwrite=options.overwrite)
+        options = dataclasses.replace(options, trained_codec=str(directory.absolute()))  # where Ray tasks find it
     plan = plan_shards(inputs, output, options.shards)
     skipped = sorted(set(range(plan.num_shards)) - set(plan.todo))
     if skipped:
@@ -242,14 +302,150 @@ def _build_every_shard(options: BuildOptions, inputs: _BuildInputs) -> Path:
 
 
 def shard_build_id(model: RankingModel, index: dict, dtype: str, precision: str, num_shards: int,
-                   windows: WindowOptions | None = None) -> str:
-    """The id every shard of one sharded build agrees on: a hash of what makes their data compatible."""
+                   windows: WindowOptions | None = None, codec: Mapping[str, Any] | None = None) -> str:
+    """The id every shard of one sharded build agrees on: a hash of what makes their data compatible, the codec
+    the shards adopt included (``codec``: :meth:`.trained_codec.TrainedCodec.identity`, its name, options and
+    parameter checksum)."""
     parameters = {"model_type": model.model_type, "store_variant": model.store_variant,
                   "fingerprint": model.store_fingerprint(), "index": index, "dtype": dtype,
                   "dim": model.store_width, "precision": precision, "shards": num_shards}
     if windows is not None and windows.windowed:  # a build without windows keeps the id it had before them
         parameters["windows"] = _window_settings(model, windows)
+    if codec is not None:  # a float16 build keeps the id it had before sharded codecs
+        parameters["codec"] = dict(codec)
     return sharded_build_id(parameters)
+
+
+# ---- the codec of a sharded build ----------------------------------------------------------------------------------
+def _codec_directory(options: BuildOptions, default: Path) -> Path:
+    return trained_codec_directory(options.trained_codec) if options.trained_codec else Path(default)
+
+
+def _requested_codec(inputs: _BuildInputs) -> TokenCodec:
+    """The untrained codec the build's settings ask for (its options resolved: the defaults filled in)."""
+    return TokenCodec(inputs.settings["codec"], inputs.model.store_width, **(inputs.settings["codec_options"] or {}))
+
+
+def _trained_for(inputs: _BuildInputs) -> dict[str, Any]:
+    """What the vectors a codec is trained on depend on: the model, the index, the precision and the windows."""
+    model = inputs.model
+    return {"model": {"model_type": model.model_type, "store_variant": model.store_variant,
+                      "fingerprint": model.store_fingerprint()},
+            "index": dict(index_identity(inputs.searcher)), "precision": inputs.settings["precision"],
+            "windows": _window_settings(model, inputs.settings["windows"] or WindowOptions())}
+
+
+def adopted_codec(inputs: _BuildInputs, location: str | os.PathLike,
+                  shard: tuple[int, int] | None = None) -> TrainedCodec:
+    """The trained codec at ``location`` that this build adopts, checked against what the build asks for.
+
+    Raises:
+        SidecarNotFoundError: there is none; for a shard, the message says which command trains it.
+        SidecarMismatchError: it was trained for another codec, model, index, precision or windows.
+    """
+    directory = trained_codec_directory(location)
+    if not trained_codec_exists(directory):
+        if shard is None:
+            raise SidecarNotFoundError(f"--trained-codec {location}: {directory / TRAINED_CODEC} does not exist")
+        number, count = shard
+        raise SidecarNotFoundError(
+            f"shard {number} of {count} adopts the {inputs.settings['codec']} codec trained once for its whole build, "
+            f"but {directory / TRAINED_CODEC} does not exist: train it with this command, --train-codec in place of "
+            f"--shard {number} and --output {directory} (or point --trained-codec at the directory that holds it)")
+    trained = load_trained_codec(directory)
+    problem = trained_codec_problem(trained, _requested_codec(inputs), _trained_for(inputs))
+    if problem:
+        raise SidecarMismatchError(f"{problem}; train it again for this build with --train-codec --overwrite, or "
+                                   "point --trained-codec at this build's")
+    return trained
+
+
+def train_build_codec(inputs: _BuildInputs, directory: str | os.PathLike, *, overwrite: bool = False,
+                      seed: int = CODEC_SAMPLE_SEED) -> TrainedCodec:
+    """The codec every shard of a sharded build adopts: the one saved in ``directory`` when it was trained for this
+    build (a re-run or resumed build reuses it), else trained now on :func:`codec_sample` and saved there.
+
+    Raises:
+        SidecarMismatchError: ``directory`` holds a codec trained for another codec setting, model, index,
+            precision or windows (``overwrite`` trains it again instead).
+    """
+    directory = Path(directory)
+    codec = _requested_codec(inputs)
+    trained_for = _trained_for(inputs)
+    if trained_codec_exists(directory) and not overwrite:
+        trained = load_trained_codec(directory)
+        problem = trained_codec_problem(trained, codec, trained_for)
+        if problem:
+            raise SidecarMismatchError(f"{problem}; pass --overwrite to train it again (every shard is then built "
+                                       "again), or build elsewhere")
+        logger.info("reusing the %s codec of %s (trained on %d tokens)", trained.name, trained.path,
+                    trained.trained_on)
+        return trained
+    sample, rows = codec_sample(inputs.searcher, inputs.model, inputs.settings["texts"],
+                                sample_tokens=codec.sample_tokens, batch_size=inputs.settings["batch_size"],
+                                precision=inputs.settings["precision"], windows=inputs.settings["windows"],
+                                seed=seed, progress=inputs.settings["progress"])
+    codec.train(sample)
+    trained = save_trained_codec(directory, codec, trained_for=trained_for,
+                                 sample={"documents": len(rows), "tokens": len(sample), "seed": seed,
+                                         "rows": rows.tolist()})
+    logger.info("trained the %s codec on %d tokens of %d documents drawn across the collection: %s", codec.name,
+                len(sample), len(rows), trained.path)
+    return trained
+
+
+def codec_sample(searcher, model: RankingModel, texts: list[str] | None, *, sample_tokens: int, batch_size: int,
+                 precision: str, windows: WindowOptions | None = None, seed: int = CODEC_SAMPLE_SEED,
+                 progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """``[<= sample_tokens, dim]`` float32 stored vectors of documents drawn across the whole collection, and the
+    rows drawn (increasing).
+
+    Rows are taken in a seeded random order (``seed``), a grid window of ``batch_size * WINDOW_BATCHES`` documents
+    at a time (each window encoded in row order, as a build encodes), until the windows hold ``sample_tokens``
+    tokens; the vectors are the windows' in that order, cut at ``sample_tokens``. Every row when the collection
+    holds no more. A build's first documents would train the codec on one corner of a collection whose row order
+    follows its sources or topics.
+    """
+    windows = windows or WindowOptions()
+    capacity = document_capacity(model)
+    num_docs = int(searcher.num_docs)
+    order = np.random.default_rng(seed).permutation(num_docs)
+    window = batch_size * WINDOW_BATCHES
+    model.eval()
+    pieces: list[np.ndarray] = []
+    drawn: list[np.ndarray] = []
+    tokens = 0
+    bar = tqdm(total=sample_tokens, unit="token", desc="codec sample", disable=not progress)
+    with torch.inference_mode(), _autocast(model, precision):
+        for start in range(0, num_docs, window):
+            rows = np.sort(order[start:start + window])
+            documents = [texts[row] if texts is not None else document_text(searcher.doc(int(row))) for row in rows]
+            reps, _ = _encode_window(model, [text for document in documents
+                                             for text in split_text(document, model.tokenizer, capacity, windows)],
+                                     batch_size)
+            pieces += [rep.float().numpy() for rep in reps]
+            drawn.append(rows)
+            added = sum(len(rep) for rep in reps)
+            tokens += added
+            bar.update(min(added, max(0, sample_tokens - bar.n)))
+            if tokens >= sample_tokens:
+                break
+    bar.close()
+    sample = (np.concatenate(pieces) if pieces else np.zeros((0, model.store_width), dtype=np.float32))
+    rows = np.sort(np.concatenate(drawn)) if drawn else np.zeros(0, dtype=np.int64)
+    return np.ascontiguousarray(sample[:sample_tokens], dtype=np.float32), rows
+
+
+def _refuse_shards_without_their_codec(output: Path, num_shards: int, directory: Path) -> None:
+    """A resumed sharded build whose trained codec is gone would train another one, silently unlike the shards
+    already encoded: refused."""
+    paths = [output / shard_dirname(shard, num_shards) for shard in range(num_shards)]
+    started = [path for path in paths if path.exists() or partial_path(path).exists()]
+    if started:
+        raise SidecarNotFoundError(
+            f"{len(started)} shards of this build exist under {output} (e.g. {started[0]}) but the codec they "
+            f"adopted, {directory / TRAINED_CODEC}, is missing: pass --overwrite to train a new one and build every "
+            "shard again")
 
 
 def _window_settings(model: RankingModel, windows: WindowOptions) -> dict[str, int]:
@@ -284,7 +480,7 @@ def build_sidecar(searcher, model: RankingModel, output: str | os.PathLike, *, r
                   source: str | None = None, progress: bool = True, shard: tuple[int, int] | None = None,
                   expect_build_id: str | None = None, codec: str | None = None,
                   codec_options: dict | None = None, device: str | torch.device | None = None,
-                  windows: WindowOptions | None = None) -> Path:
+                  windows: WindowOptions | None = None, trained_codec: TrainedCodec | None = None) -> Path:
     """Encode every document of ``searcher``'s index with ``model`` into a sidecar at ``output``.
 
     Args:
@@ -296,6 +492,9 @@ def build_sidecar(searcher, model: RankingModel, output: str | os.PathLike, *, r
             node that has another checkpoint or index than the driver.
         codec, codec_options: a compressed token codec (see :class:`.writer.SidecarWriter`); ``fp16``/``None``
             stores vectors in ``dtype``.
+        trained_codec: a codec trained elsewhere (:mod:`.trained_codec`) that the writer adopts instead of training
+            one on the first documents: required for a shard under a compressed codec (the codec of its whole
+            build, see :func:`train_build_codec`), whose build id then includes it.
         windows: how documents are cut into windows (:mod:`pyserini_mores.windows`): each window is tokenized and
             encoded as a short document, and a row's stored vectors are its windows' one after the other. Default:
             one window, what the model reads.
@@ -309,9 +508,13 @@ def build_sidecar(searcher, model: RankingModel, output: str | os.PathLike, *, r
     if device is not None:
         model.to(resolve_device(device))
     precision = resolve_precision(precision, _model_device(model))
-    if shard is not None and codec not in (None, "fp16"):
-        # Each shard would train a codec of its own on its own first documents.
-        raise ValueError(f"a sharded build cannot use the {codec} codec yet; build it unsharded")
+    if trained_codec is not None and trained_codec.name != codec:
+        raise ValueError(f"the trained codec {trained_codec.path} is {trained_codec.name}, not the {codec or 'fp16'} "
+                         "codec of this build")
+    if shard is not None and is_compressed(codec) and trained_codec is None:
+        # Each shard would otherwise train a codec of its own on its own first documents.
+        raise ValueError(f"a shard under the {codec} codec needs the codec trained for its whole build "
+                         "(trained_codec; see train_build_codec)")
     if output.exists() and not overwrite and shard is None:
         logger.info("sidecar %s exists; nothing to do", output)
         return output
@@ -320,7 +523,8 @@ def build_sidecar(searcher, model: RankingModel, output: str | os.PathLike, *, r
     shard_info = None
     if shard is not None:
         shard_info = _shard_record(model, index, num_docs, shard, output, dtype=dtype, precision=precision,
-                                   overwrite=overwrite, expect_build_id=expect_build_id, windows=windows)
+                                   overwrite=overwrite, expect_build_id=expect_build_id, windows=windows,
+                                   codec=trained_codec.identity() if trained_codec is not None else None)
         if shard_info is None:
             return output
         row_start, row_end = shard_info["row_start"], shard_info["row_end"]
@@ -342,23 +546,36 @@ def build_sidecar(searcher, model: RankingModel, output: str | os.PathLike, *, r
         content_hashes=index.content_hashes()[row_start:row_end] if index.get("content") else None,
         windows=window_settings,
     )
+    if trained_codec is not None:
+        _adopt(writer, trained_codec)
     _encode_rows(searcher, model, writer, texts, rows=(row_start, row_end), num_docs=num_docs,
                  batch_size=batch_size, precision=precision, progress=progress, windows=windows)
     return writer.finalize()
 
 
+def _adopt(writer: SidecarWriter, trained: TrainedCodec) -> None:
+    """Make ``writer`` encode with ``trained``; a resumed build must already have it (its rows are its codes)."""
+    if writer.codec_sample_tokens:
+        writer.adopt_codec(trained.parameters, trained.trained_on)
+    elif parameters_sha256(writer.codec.parameters()) != trained.sha256:
+        raise SidecarMismatchError(
+            f"the partial build {writer.partial_path} was started with another {trained.name} codec than "
+            f"{trained.path}; pass --restart to discard it")
+
+
 def _shard_record(model: RankingModel, index: dict, num_docs: int, shard: tuple[int, int], output: Path, *,
                   dtype: str, precision: str, overwrite: bool, expect_build_id: str | None,
-                  windows: WindowOptions | None = None) -> dict | None:
+                  windows: WindowOptions | None = None, codec: Mapping[str, Any] | None = None) -> dict | None:
     """The manifest's record of shard ``shard = (i, n)`` (its rows and build id), or None when ``output`` already
     holds that shard finished."""
     number, count = shard
     row_start, row_end = shard_rows(num_docs, count, number)
-    build_id = shard_build_id(model, index, dtype, precision, count, windows)
+    build_id = shard_build_id(model, index, dtype, precision, count, windows, codec=codec)
     if expect_build_id is not None and build_id != expect_build_id:
         raise SidecarMismatchError(
             f"shard {number} of {count} would belong to build {build_id}, not to the planned build "
-            f"{expect_build_id}: the model, index, dtype, precision or windows seen here differ from the driver's")
+            f"{expect_build_id}: the model, index, dtype, precision, windows or trained codec seen here differ from "
+            "the driver's")
     if output.exists() and not overwrite:
         if shard_is_complete(output, build_id, number, count):
             logger.info("shard %s is complete; nothing to do", output)
@@ -389,8 +606,7 @@ def _encode_rows(searcher, model: RankingModel, writer: SidecarWriter, texts: li
                                      last_row - first_row)
     else:
         documents = ((row, texts[row]) for row in range(first_row, last_row))
-    autocast = (torch.autocast(_model_device(model).type, dtype=torch.bfloat16) if precision == "bf16"
-                else contextlib.nullcontext())
+    autocast = _autocast(model, precision)
     # Counted before an interruption, when the build resumes.
     truncated = writer.build_info.get("truncated_documents", 0)
     stored = writer.build_info.get("windows_stored", 0)
@@ -423,6 +639,13 @@ def _encode_rows(searcher, model: RankingModel, writer: SidecarWriter, texts: li
             bar.update(len(keep))
     bar.close()
     writer.update_build({"encode_seconds": round(time.perf_counter() - started, 3)})
+
+
+def _autocast(model: RankingModel, precision: str):
+    """bf16 autocast on the model's device under ``precision="bf16"``, else nothing."""
+    if precision == "bf16":
+        return torch.autocast(_model_device(model).type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 def _windows_missing(tokenizer, text: str, capacity: int, windows: WindowOptions, stored: int) -> int:

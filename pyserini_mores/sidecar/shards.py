@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .format import (
+    CODEC,
     FORMAT_VERSION,
     MANIFEST,
     Manifest,
@@ -244,9 +245,31 @@ def coverage_problems(ranges: Sequence[tuple[str, int, int]], num_docs: int) -> 
     return problems
 
 
+def codec_identity(manifest: Manifest) -> dict[str, Any] | None:
+    """A compressed shard's codec: its name, options and the checksum of its parameters (``codec.bin``); None for
+    vectors stored as they are. Shards read as one piece only when theirs are equal."""
+    if not manifest.compressed:
+        return None
+    parameters = manifest.files.get(CODEC)
+    return {"name": manifest.codec.get("name"), "options": manifest.codec.get("options"),
+            "parameters": parameters.sha256 if parameters is not None else None}
+
+
+def _codec_text(codec: Mapping[str, Any] | None) -> str:
+    if codec is None:
+        return "none"
+    options = ", ".join(f"{key}={value}" for key, value in (codec.get("options") or {}).items())
+    return f"{codec.get('name')} ({options}) with parameters sha256 {short_hash(str(codec.get('parameters')))}"
+
+
 def identity_problems(manifest: Manifest, file: Path, reference: Mapping[str, Any], reference_name: str) -> list[str]:
     """How a shard's manifest disagrees with the build it should belong to (``reference``: build_id, fingerprint,
-    index, dtype, dim). Build id first: a shard of another build usually differs in everything else too."""
+    index, dtype, dim, and ``codec`` when given: :func:`codec_identity`). The codec first (shards built with two
+    trained codecs, which a build id also tells apart, are named as such), then the build id: a shard of another
+    build usually differs in everything else too."""
+    if "codec" in reference and codec_identity(manifest) != reference["codec"]:
+        return [f"{file} is a shard of another build: its codec is {_codec_text(codec_identity(manifest))} but "
+                f"{reference_name} has {_codec_text(reference['codec'])}"]
     checks = [
         ("build id", manifest.shard.get("build_id"), reference["build_id"]),
         ("model fingerprint", short_hash(manifest.model_fingerprint), short_hash(reference["fingerprint"])),

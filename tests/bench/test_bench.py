@@ -225,3 +225,31 @@ def test_prettr_pooled_at_the_last_join_is_timed_from_states_and_from_keys_and_v
     assert records["l1-avg"]["bytes_per_doc"] == 15 * 32 * 2
     assert records["l1-kv-avg"]["bytes_per_doc"] == 15 * 2 * 32 * 2
     assert all(record["path"] == "sidecar" and record["ms_per_query_median"] > 0 for record in records.values())
+
+
+def test_the_bench_takes_every_sidecar_codec_and_refuses_a_workload_too_small_to_train_it(tmp_path, capsys):
+    from pyserini_mores.bench.__main__ import build_parser, main
+    from pyserini_mores.bench.runner import BenchConfig, run_benchmark
+    from pyserini_mores.sidecar.codecs import CODECS
+
+    (codec_flag,) = [action for action in build_parser()._actions if action.dest == "codec"]
+    assert tuple(codec_flag.choices) == CODECS
+    # MORES 1xIB S2 stores 16 tokens per document at d = 16: 10 candidates hold 160 token vectors
+    base = ["--tiny", "--models", "mores:1xIB-s2", "--doc-lens", "16", "--precision", "fp32", "--peak-sizes", "64",
+            "--work-dir", str(tmp_path)]
+    with pytest.raises(SystemExit) as refused:  # a usage error, before anything is measured
+        main([*base, "--candidates", "10", "--codec", "opq"])
+    assert refused.value.code == 2
+    assert ("--codec opq trains on at least 256 token vectors, but the mores:1xIB-s2 sidecar at tiny d = 16 stores 10 "
+            "candidates x 16 tokens = 160; raise --candidates or --doc-lens, or choose sq8, sq6 or sq4"
+            in capsys.readouterr().err)
+    with pytest.raises(SystemExit):
+        main([*base, "--candidates", "20", "--codec", "residual"])
+    assert "--codec residual trains on at least 4,096 token vectors" in capsys.readouterr().err
+    config = BenchConfig(backbones=["tiny"], doc_lens=[16], models=["mores:1xIB-s2"], precisions=["fp32"],
+                         candidates=20, repetitions=1, work_dir=str(tmp_path), peak_sizes=(64,), peak_repetitions=1,
+                         codec="opq")
+    (record,) = run_benchmark(config)["results"]
+    # 64 values per token (2 x 32, MORES S2 of the tiny backbone) in 16 one-byte sub-quantiser codes (width / 4)
+    assert record["store_dtype"] == "opq" and record["bytes_per_doc"] == 16 * 16
+    assert record["ms_per_query_median"] > 0

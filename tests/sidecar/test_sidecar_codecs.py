@@ -358,8 +358,9 @@ def test_build_command_refuses_bad_codec_settings(tiny_index, tiny_maxsim_dir, t
     assert "pq needs a number of sub-quantisers M that divides the dim" in capsys.readouterr().err
     assert _build(tiny_index, tiny_maxsim_dir, tmp_path / "sq", "--codec", "sq8", "--pq-subquantizers", "4") == 2
     assert "pq_subquantizers applies to the pq codec, not sq8" in capsys.readouterr().err
-    assert _build(tiny_index, tiny_maxsim_dir, tmp_path / "sh", "--codec", "sq8", "--shards", "2") == 2
-    assert "a sharded build cannot use the sq8 codec yet" in capsys.readouterr().err
+    assert _build(tiny_index, tiny_maxsim_dir, tmp_path / "sh", "--codec", "sq8", "--shards", "2", "--shard", "1") == 2
+    assert ("shard 1 of 2 adopts the sq8 codec trained once for its whole build, but "
+            f"{tmp_path / 'trained-codec.json'} does not exist") in capsys.readouterr().err
 
 
 def test_the_benchmark_reads_compressed_sidecars(tmp_path):

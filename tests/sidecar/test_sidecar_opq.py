@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from sidecar_forge import assert_damaged_codec_refused, damage_codec_file, reseal
 
-from pyserini_mores.sidecar import SidecarCorruptError, SidecarWriter, open_sidecar
+from pyserini_mores.sidecar import SidecarCorruptError, SidecarMismatchError, SidecarWriter, open_sidecar
 from pyserini_mores.sidecar.__main__ import main as sidecar_main
 from pyserini_mores.sidecar.assemble import assemble_shards
 from pyserini_mores.sidecar.codecs import TokenCodec, code_size, codec_options
@@ -207,6 +207,28 @@ def test_a_sharded_opq_sidecar_reads_like_one_piece(tmp_path):
             expected, expected_lengths = whole.get_batch(rows)
             assert np.array_equal(lengths.numpy(), expected_lengths.numpy())
             assert np.array_equal(batch.numpy(), expected.numpy())
+
+
+def test_shards_whose_codec_parameters_differ_are_not_assembled_even_under_one_build_id(tmp_path):
+    """The build id of a sharded build includes its codec's checksum; assemble also compares the shards' codecs
+    themselves, so shards claiming one build but coded with two codecs never read as one piece."""
+    docs = _documents()
+    one, other = _trained(np.concatenate(docs)), _trained(np.concatenate(docs[::2]))
+    paths = []
+    for number, codec in enumerate([one, other, one]):
+        start, end = shard_rows(len(DOCIDS), 3, number)
+        writer = SidecarWriter(tmp_path / f"shard-{number}", dim=DIM, docids=DOCIDS[start:end], model=MODEL,
+                               index=INDEX, codec="opq", codec_options={"pq_subquantizers": M},
+                               shard={"build_id": "one-build", "index": number, "count": 3, "row_start": start,
+                                      "row_end": end, "num_docs": len(DOCIDS)})
+        writer.adopt_codec(codec.parameters())
+        writer.add(docs[start:end])
+        paths.append(writer.finalize())
+    with pytest.raises(SidecarMismatchError, match=re.escape(
+            f"{paths[1]} is a shard of another build: its codec is opq (sample_tokens=65536, pq_subquantizers=4) "
+            "with parameters sha256 ")):
+        assemble_shards(tmp_path / "sharded", paths)
+    assert not (tmp_path / "sharded" / "manifest.json").exists()
 
 
 def test_transcode_into_and_out_of_the_opq_codec(tmp_path, capsys):

@@ -449,6 +449,27 @@ def test_ray_build_retries_a_dead_worker_resumes_its_shard_and_skips_finished_sh
     assert torch.equal(open_sidecar(output).get_batch(range(20))[0], whole.get_batch(range(20))[0])
 
 
+def test_ray_shard_tasks_adopt_the_codec_the_driver_trained(local_ray, tiny_index, tiny_maxsim_dir, tmp_path):
+    """The driver trains the build's codec (sq8: per-dimension ranges of the sample) before the tasks start; every
+    task adopts it from the build directory: the same codes as the shards built here, one after the other."""
+    from pyserini_mores.sidecar.trained_codec import load_trained_codec
+
+    local, on_ray = tmp_path / "local", tmp_path / "ray"
+    assert _build(tiny_index, tiny_maxsim_dir, "--codec", "sq8", "--shards", "2", "--output", str(local)) == 0
+    assert _build(tiny_index, tiny_maxsim_dir, "--codec", "sq8", "--engine", "ray", "--shards", "2",
+                  "--output", str(on_ray)) == 0
+    trained = load_trained_codec(on_ray)
+    assert np.array_equal(trained.parameters, load_trained_codec(local).parameters)
+    reader, here = open_sidecar(on_ray), open_sidecar(local)
+    assert reader.dtype == "sq8" and [shard.num_docs for shard in reader.shards] == [10, 10]
+    assert all(np.array_equal(shard.codec.parameters(), trained.parameters) for shard in reader.shards)
+    for shard in range(2):
+        name = f"shard-{shard:05d}-of-00002"
+        assert _files(on_ray / name) == _files(local / name)
+    assert torch.equal(reader.get_batch(range(20))[0], here.get_batch(range(20))[0])
+    assert verify_sidecar(on_ray) == []
+
+
 def test_ray_shard_tasks_reserve_the_cpus_and_gpus_asked_for(monkeypatch, tmp_path):
     from pyserini_mores.sidecar.ray_engine import build_shards_on_ray
     from pyserini_mores.sidecar.shards import ShardPlan
