@@ -2,7 +2,9 @@
 
 Several files (one run split across processes with ``--skip-queries``) are evaluated together. ``--caps 1 2 3 4``
 also evaluates each aggregation as if the sidecar had been built with ``--max-windows K`` for each K up to the saved
-windows' (a document's first K windows are exactly what that build stores), which is what a smaller cap costs::
+windows' (a document's first K windows are exactly what that build stores), which is what a smaller cap costs;
+``--first-weights 0.4 0.6`` also evaluates ``w`` × FirstP + (1 − ``w``) × MaxP for each weight ``w`` of the first
+window (``search``'s FirstMaxP is ``w`` = 0.5)::
 
     python integrations/manpages/evaluate_windows.py --qrels qrels.test.txt --windows ce.test.0.npz ce.test.493.npz \\
         --caps 1 2 3 4 --json ce.test.json
@@ -56,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--windows", nargs="+", required=True, help=".npz files of window_scores.py --save-windows")
     parser.add_argument("--depths", type=int, nargs="+", default=[30])
     parser.add_argument("--caps", type=int, nargs="+", default=[], help="window caps to evaluate besides all")
+    parser.add_argument("--first-weights", type=float, nargs="+", default=[],
+                        help="weights w of the first window: also evaluate w * FirstP + (1 - w) * MaxP "
+                             "(FirstMaxP: w = 0.5)")
     parser.add_argument("--json", help="where the table goes")
     args = parser.parse_args(argv)
     queries = load(args.windows)
@@ -63,11 +68,13 @@ def main(argv: list[str] | None = None) -> int:
     judged = {qid: qrels[qid] for qid in queries if qid in qrels}
     rows = []
 
-    def add(how: str, cap: int | None, depth: int, scores_of) -> None:
+    def add(how: str, cap: int | None, depth: int, scores_of, first_weight: float | None = None) -> None:
         result = evaluate(ranked_run(queries, scores_of, depth), judged, ["MRR@10", "nDCG@10"]).aggregate
         rows.append({"aggregation": how, "max_windows": cap, "depth": depth,
+                     **({"first_weight": first_weight} if first_weight is not None else {}),
                      **{name: round(value, 4) for name, value in result.items()}})
-        print(f"{how:10s} windows {cap or 'all':>3}  depth {depth:4d}  MRR@10 {result['MRR@10']:.4f}  "
+        label = how if first_weight is None else f"{how}@{first_weight:g}"
+        print(f"{label:14s} windows {cap or 'all':>3}  depth {depth:4d}  MRR@10 {result['MRR@10']:.4f}  "
               f"nDCG@10 {result['nDCG@10']:.4f}")
 
     for depth in args.depths:
@@ -77,6 +84,13 @@ def main(argv: list[str] | None = None) -> int:
                     window_scores, owners = capped(fields, cap) if cap else (fields["window_scores"], fields["owners"])
                     return aggregate_scores(window_scores, owners, len(fields["docids"]), how)
                 add(how, cap, depth, scores_of)
+            for weight in args.first_weights:
+                def weighted(fields, cap=cap, weight=weight):
+                    window_scores, owners = capped(fields, cap) if cap else (fields["window_scores"], fields["owners"])
+                    first, best = (aggregate_scores(window_scores, owners, len(fields["docids"]), how)
+                                   for how in ("firstp", "maxp"))
+                    return weight * first + (1 - weight) * best
+                add("firstmaxp", cap, depth, weighted, weight)
         if all("avgcls" in fields for fields in queries.values()):
             add("avgcls", None, depth, lambda fields: fields["avgcls"])
     windows = np.mean([len(fields["owners"]) / len(fields["docids"]) for fields in queries.values()])
