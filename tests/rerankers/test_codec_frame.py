@@ -168,9 +168,9 @@ def test_a_frame_is_refused_where_there_is_no_rotation(tmp_path, tokenizer, text
         TokenCodec("sq8", 4).decode(np.zeros((1, 4), dtype=np.uint8), rotated=True)
 
 
-def _sharded(tmp_path: Path, model, texts: list[str], shared_codec: np.ndarray | None) -> Path:
-    """Two opq shards of ``texts``: both adopting ``shared_codec`` (one codec trained for every shard, as a sharded
-    build trains it), or, when it is ``None``, each trained on its own rows (two rotations)."""
+def _sharded(tmp_path: Path, model, texts: list[str], codec_parameters: np.ndarray) -> Path:
+    """Two opq shards of ``texts``, both adopting the codec of ``codec_parameters`` (as a sharded build's shards adopt
+    the one codec trained for them)."""
     with torch.no_grad():
         reps = [rep.float() for rep in model.encode_documents(model.tokenize_documents(texts))]
     docids = [f"d{i}" for i in range(len(texts))]
@@ -183,32 +183,43 @@ def _sharded(tmp_path: Path, model, texts: list[str], shared_codec: np.ndarray |
                                codec_options=OPQ,
                                shard={"build_id": "frame", "index": number, "count": 2, "row_start": start,
                                       "row_end": end, "num_docs": len(texts)})
-        if shared_codec is not None:
-            writer.adopt_codec(shared_codec)
+        writer.adopt_codec(codec_parameters)
         writer.add(reps[start:end])
         paths.append(writer.finalize())
     assemble_shards(tmp_path / "sharded", paths)
     return tmp_path / "sharded"
 
 
-@pytest.mark.parametrize("shared", [True, False])
-def test_a_sharded_sidecar_folds_only_a_rotation_its_shards_share(shared, tmp_path, tokenizer, texts, monkeypatch):
+def test_a_sharded_sidecar_folds_the_rotation_its_shards_share(tmp_path, tokenizer, texts):
     model = _model("mores", tokenizer)
     whole = _sidecar(tmp_path, model, texts)
-    path = _sharded(tmp_path, model, texts, whole.codec.parameters() if shared else None)
+    path = _sharded(tmp_path, model, texts, whole.codec.parameters())
     sharded = open_sidecar(path, expect_model_fingerprint=model.store_fingerprint())
-    if shared:
-        np.testing.assert_array_equal(sharded.store_rotation, whole.store_rotation)
-        rows = [0, 25, 3, 39, 20, 19]  # across the shard boundary
-        rotated, lengths = sharded.get_batch(rows, rotated=True)
-        want, want_lengths = whole.get_batch(rows, rotated=True)
-        assert torch.equal(rotated, want) and torch.equal(lengths, want_lengths)
-    else:
-        assert sharded.store_rotation is None
-        with pytest.raises(ValueError, match="has no rotated frame its shards share"):
-            sharded.get_batch([0, 25], rotated=True)
+    np.testing.assert_array_equal(sharded.store_rotation, whole.store_rotation)
+    rows = [0, 25, 3, 39, 20, 19]  # across the shard boundary
+    rotated, lengths = sharded.get_batch(rows, rotated=True)
+    want, want_lengths = whole.get_batch(rows, rotated=True)
+    assert torch.equal(rotated, want) and torch.equal(lengths, want_lengths)
     reranker = ModelReranker(model, sharded, batch_size=7, device="cpu", precision="fp32")
-    assert reranker.folds_codec_rotation == shared
+    assert reranker.folds_codec_rotation
+    np.testing.assert_allclose(_scores(reranker, texts), _reference_scores(model, sharded, len(texts)),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_shards_of_two_rotations_are_read_rotated_back(tmp_path, tokenizer, texts):
+    """``assemble`` refuses shards of two codecs; a store whose shards' rotations differ anyway (assembled by an older
+    version) must still never score one shard's codes in another's frame."""
+    model = _model("mores", tokenizer)
+    whole = _sidecar(tmp_path, model, texts)
+    sharded = open_sidecar(_sharded(tmp_path, model, texts, whole.codec.parameters()),
+                           expect_model_fingerprint=model.store_fingerprint())
+    other = np.linalg.qr(np.random.default_rng(1).standard_normal((32, 32)))[0].astype(np.float32)
+    sharded.shards[1].codec._opq.rotation = other  # as if that shard had trained its own codec
+    assert sharded.store_rotation is None
+    with pytest.raises(ValueError, match="has no rotated frame its shards share"):
+        sharded.get_batch([0, 25], rotated=True)
+    reranker = ModelReranker(model, sharded, batch_size=7, device="cpu", precision="fp32")
+    assert not reranker.folds_codec_rotation
     np.testing.assert_allclose(_scores(reranker, texts), _reference_scores(model, sharded, len(texts)),
                                rtol=1e-4, atol=1e-4)
 
