@@ -6,8 +6,8 @@ bytes like PQ's and OPQ's.
 Codebook ``m`` is k-means on what codebooks ``0 … m-1`` leave of the training sample; a vector is encoded greedily
 (beam width :data:`BEAM_WIDTH`), each codebook's entry nearest to what the ones before leave. Unlike PQ, which splits a
 vector into slices of ``dim / M`` dimensions, every codebook spans the whole width: vectors that crowd around a few
-thousand points (TK's term vectors, 95% word embedding) are coded much better, since the first codebooks hold those
-points whole.
+thousand points (TK's term vectors, 95% word embedding) can be coded much better, since the first codebooks can hold
+such points whole.
 
 Decoding is a sum of ``M`` codebook rows per code in float32, the same for every row whatever the batch.
 
