@@ -87,9 +87,10 @@ def define_build_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--codec", choices=CODECS, default="fp16",
                         help="token vector codec: fp16 stores vectors in --dtype; sq8/sq6/sq4 (faiss scalar "
                              "quantisers, 8/6/4 bits per value), pq (faiss product quantisation, 1 byte per "
-                             "sub-quantiser), opq (a learned rotation, then pq) and residual (a k-means centroid id + "
-                             "1-8 bits per kept dimension) are decoded at read time; trained on the first documents, "
-                             "or for a sharded build once, on documents drawn across the collection, for every shard")
+                             "sub-quantiser), opq (a learned rotation, then pq), rq (residual vector quantisation, "
+                             "1 byte per codebook) and residual (a k-means centroid id + 1-8 bits per kept "
+                             "dimension) are decoded at read time; trained on the first documents, or for a sharded "
+                             "build once, on documents drawn across the collection, for every shard")
     define_codec_option_args(parser)
     parser.add_argument("--max-length", type=int, default=None, help="document length cap in tokens")
     windows = parser.add_argument_group("long documents as windows")
@@ -142,13 +143,17 @@ def define_codec_option_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--residual-dims", type=int, default=None, metavar="R",
                         help="--codec residual: dimensions whose residual is stored, those that vary most "
                              "(default: as many as make a code width / 8 bytes)")
+    parser.add_argument("--rq-codebooks", type=int, default=None, metavar="M",
+                        help="--codec rq: codebooks of 256 full-width vectors summed = bytes per token, 1..256 "
+                             "(default: width / 8)")
 
 
 def _codec_options(args: argparse.Namespace, *, check_pq: bool = True) -> dict[str, int] | None:
     """The codec settings of the command line, checked (``ValueError`` naming the flag); with ``check_pq`` false
     ``--pq-subquantizers`` is passed on as given, for the codec to check."""
     options = codec_options(args.codec, pq_subquantizers=args.pq_subquantizers if check_pq else None,
-                            nbits=args.nbits, num_centroids=args.num_centroids, residual_dims=args.residual_dims)
+                            nbits=args.nbits, num_centroids=args.num_centroids, residual_dims=args.residual_dims,
+                            rq_codebooks=args.rq_codebooks)
     if not check_pq and args.pq_subquantizers is not None:
         options = {**(options or {}), "pq_subquantizers": args.pq_subquantizers}
     return options

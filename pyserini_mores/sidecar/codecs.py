@@ -1,15 +1,17 @@
 """Compressed token codecs for the sidecar: faiss's scalar quantisers (8, 6 or 4 bits per value), product
 quantisation (M sub-quantisers of 256 centroids, one byte each), optimised product quantisation (a learned rotation,
-then PQ: :mod:`.opq`), and the ColBERTv2-style residual codec of :mod:`.residual` (a centroid id plus 1-8 bits per kept
-dimension), trained on the first token vectors a build writes and decoded in batches at read time.
+then PQ: :mod:`.opq`), residual vector quantisation (M full-width codebooks summed: :mod:`.rq`), and the
+ColBERTv2-style residual codec of :mod:`.residual` (a centroid id plus 1-8 bits per kept dimension), trained on the
+first token vectors a build writes and decoded in batches at read time.
 
 A compressed sidecar stores ``tokens.bin`` as uint8 codes ``[num_tokens, code_size]``; its manifest ``dtype`` is the
 codec name, so a reader that predates codecs refuses it instead of misreading bytes, and ``codec`` records the codec
 and its settings. The trained parameters go to ``codec.bin`` as flat little-endian float32, checksummed like every
 data file: for the scalar quantisers faiss's per-dimension minimum and range (``[2, dim]``), for PQ the centroids
 (``[M, 256, dim / M]``), for ``opq`` its rotation ``[dim, dim]`` then its PQ centroids (see :mod:`.opq`), for
-``residual`` its centroids, kept dimensions, bucket cutoffs and weights (see :mod:`.residual`). ``fp16`` is the
-identity: the uncompressed store of before (``--dtype``, float16 by default).
+``residual`` its centroids, kept dimensions, bucket cutoffs and weights (see :mod:`.residual`), for ``rq`` its
+codebooks ``[M, 256, dim]``. ``fp16`` is the identity: the uncompressed store of before (``--dtype``, float16 by
+default).
 
 Needs numpy only until a codec is built: faiss is imported then (``sidecar info`` stays light).
 """
@@ -24,6 +26,7 @@ import numpy as np
 from .format import CODE_DTYPE, CODEC_DTYPES, CODEC_PARAMETER_DTYPE, SidecarCorruptError
 from .opq import OptimizedProductQuantizer
 from .residual import DEFAULT_NUM_CENTROIDS, ResidualQuantizer
+from .rq import ResidualVectorQuantizer
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +44,8 @@ RESIDUAL = "residual"
 RESIDUAL_OPTIONS = ("nbits", "num_centroids", "residual_dims")
 OPQ = "opq"
 PQ_CODECS = ("pq", OPQ)  # the codecs that take pq_subquantizers
-MANIFEST_OPTIONS = ("sample_tokens", "pq_subquantizers", *RESIDUAL_OPTIONS)  # what a manifest's codec.options holds
+RQ = "rq"
+MANIFEST_OPTIONS = ("sample_tokens", "pq_subquantizers", *RESIDUAL_OPTIONS, "rq_codebooks")  # codec.options' keys
 
 
 def is_compressed(name: str | None) -> bool:
@@ -62,12 +66,13 @@ class TokenCodec:
     """One trained (or trainable) codec of ``dim``-wide token vectors.
 
     Args:
-        name: ``sq8``, ``sq6``, ``sq4``, ``pq``, ``opq`` or ``residual``.
+        name: ``sq8``, ``sq6``, ``sq4``, ``pq``, ``opq``, ``residual`` or ``rq``.
         dim: vector width.
         pq_subquantizers: ``M`` of ``pq`` and ``opq`` (must divide ``dim``; default :func:`default_pq_subquantizers`).
         nbits, num_centroids, residual_dims: the ``residual`` codec's settings (see
             :class:`.residual.ResidualQuantizer`; by default 1 bit, 4,096 centroids, and the kept dimensions that
             make a code ``dim / 8`` bytes).
+        rq_codebooks: ``M`` of ``rq`` (:class:`.rq.ResidualVectorQuantizer`), 1 … 256 (default ``dim / 8``).
         sample_tokens: how many of the first token vectors train it (default: :data:`DEFAULT_SAMPLE_TOKENS`, capped
             at :data:`DEFAULT_SAMPLE_BYTES` of float32).
 
@@ -80,7 +85,8 @@ class TokenCodec:
     """
 
     def __init__(self, name: str, dim: int, *, pq_subquantizers: int | None = None, sample_tokens: int | None = None,
-                 nbits: int | None = None, num_centroids: int | None = None, residual_dims: int | None = None):
+                 nbits: int | None = None, num_centroids: int | None = None, residual_dims: int | None = None,
+                 rq_codebooks: int | None = None):
         if name not in CODEC_DTYPES:
             raise ValueError(f"unknown codec {name!r}; known: {', '.join(CODECS)}")
         if dim <= 0:
@@ -110,25 +116,26 @@ class TokenCodec:
         if self.sample_tokens <= 0:
             raise ValueError(f"sample_tokens must be positive, not {sample_tokens}")
         self._opq = OptimizedProductQuantizer(self.dim, self.pq_subquantizers) if name == OPQ else None
+        codebooks = max(1, self.dim // 8) if rq_codebooks is None else int(rq_codebooks)
+        self._rq = ResidualVectorQuantizer(self.dim, codebooks) if name == RQ else None
+        if name != RQ and rq_codebooks is not None:
+            raise ValueError(f"rq_codebooks applies to the rq codec, not {name}")
+        self._model = self._residual or self._opq or self._rq  # a codec of this package's own, not a faiss index
         self.trained_on = 0
-        self._index = self._new_index() if self._residual is None and self._opq is None else None
+        self._index = self._new_index() if self._model is None else None
 
     # ---- what it is ------------------------------------------------------------------------------------------------
     @property
     def code_size(self) -> int:
         """Bytes per stored token vector."""
-        if self._residual is not None:
-            return self._residual.code_size
-        if self._opq is not None:
-            return self._opq.code_size
+        if self._model is not None:
+            return self._model.code_size
         return int(self._index.sa_code_size())
 
     @property
     def trained(self) -> bool:
-        if self._residual is not None:
-            return self._residual.trained
-        if self._opq is not None:
-            return self._opq.trained
+        if self._model is not None:
+            return self._model.trained
         return bool(self._index.is_trained)
 
     @property
@@ -142,7 +149,7 @@ class TokenCodec:
         """k-means needs at least one point per centroid; a scalar quantiser, one vector."""
         if self._residual is not None:
             return self._residual.num_centroids
-        return 2 ** PQ_BITS if self.name in PQ_CODECS else 1
+        return 2 ** PQ_BITS if self.name in (*PQ_CODECS, RQ) else 1
 
     @property
     def too_few_tokens_hint(self) -> str:
@@ -159,6 +166,8 @@ class TokenCodec:
             options["pq_subquantizers"] = self.pq_subquantizers
         if self._residual is not None:
             options.update(self._residual.options)
+        if self._rq is not None:
+            options.update(self._rq.options)
         return options
 
     def manifest_entry(self) -> dict[str, Any]:
@@ -179,8 +188,8 @@ class TokenCodec:
         if len(sample) < self.min_training_tokens:
             raise ValueError(f"the {self.name} codec needs at least {self.min_training_tokens} token vectors to train, "
                              f"got {len(sample)}; {self.too_few_tokens_hint}")
-        if self._residual is not None or self._opq is not None:
-            (self._residual or self._opq).train(sample)
+        if self._model is not None:
+            self._model.train(sample)
             self.trained_on = len(sample)
             return
         self._index = self._new_index()
@@ -198,8 +207,8 @@ class TokenCodec:
         import faiss
 
         self._check_trained()
-        if self._residual is not None or self._opq is not None:
-            return (self._residual or self._opq).parameters().astype(CODEC_PARAMETER_DTYPE, copy=False)
+        if self._model is not None:
+            return self._model.parameters().astype(CODEC_PARAMETER_DTYPE, copy=False)
         vector = self._index.pq.centroids if self.name == "pq" else self._index.sq.trained
         return faiss.vector_to_array(vector).astype(CODEC_PARAMETER_DTYPE, copy=False)
 
@@ -208,8 +217,8 @@ class TokenCodec:
         import faiss
 
         parameters = np.ascontiguousarray(parameters, dtype=np.float32).reshape(-1)
-        if self._residual is not None or self._opq is not None:
-            (self._residual or self._opq).load_parameters(parameters)
+        if self._model is not None:
+            self._model.load_parameters(parameters)
             return
         expected = self._parameter_count()
         if parameters.size != expected:
@@ -229,8 +238,8 @@ class TokenCodec:
         vectors = _float32_rows(vectors, self.dim)
         if not len(vectors):
             return np.zeros((0, self.code_size), dtype=CODE_DTYPE)
-        if self._residual is not None or self._opq is not None:
-            return (self._residual or self._opq).encode(vectors)
+        if self._model is not None:
+            return self._model.encode(vectors)
         return self._index.sa_encode(vectors)
 
     def decode(self, codes: np.ndarray, out: np.ndarray | None = None, rotated: bool = False) -> np.ndarray:
@@ -251,8 +260,8 @@ class TokenCodec:
         if len(codes):
             if rotated:
                 self._opq.decode_rotated(codes, out)
-            elif self._residual is not None or self._opq is not None:
-                (self._residual or self._opq).decode(codes, out)
+            elif self._model is not None:
+                self._model.decode(codes, out)
             else:
                 self._index.sa_decode(codes, out)
         return out
@@ -266,8 +275,8 @@ class TokenCodec:
         return faiss.IndexScalarQuantizer(self.dim, getattr(faiss.ScalarQuantizer, _SCALAR_TYPES[self.name]))
 
     def _parameter_count(self) -> int:
-        if self._residual is not None or self._opq is not None:
-            return (self._residual or self._opq).parameter_count
+        if self._model is not None:
+            return self._model.parameter_count
         if self.name == "pq":
             return self.dim * 2 ** PQ_BITS  # M x 256 centroids of dim/M values
         return 2 * self.dim  # per-dimension minimum and range
@@ -295,7 +304,7 @@ def codec_from_manifest(entry: Mapping[str, Any], dim: int, parameters: np.ndarr
                                       "positive integer")
     try:
         codec = TokenCodec(str(entry["name"]), dim, pq_subquantizers=options.get("pq_subquantizers"),
-                           sample_tokens=options.get("sample_tokens"),
+                           sample_tokens=options.get("sample_tokens"), rq_codebooks=options.get("rq_codebooks"),
                            **{key: options.get(key) for key in RESIDUAL_OPTIONS})
     except (KeyError, TypeError, ValueError) as error:
         raise SidecarCorruptError(f"{source}: field 'codec' does not describe a codec: {error}") from None
@@ -314,24 +323,26 @@ def codec_from_manifest(entry: Mapping[str, Any], dim: int, parameters: np.ndarr
     return codec
 
 
-def code_size(name: str, dim: int, pq_subquantizers: int | None = None, **residual_options: int | None) -> int:
+def code_size(name: str, dim: int, pq_subquantizers: int | None = None, **options: int | None) -> int:
     """Bytes per token vector of codec ``name`` at ``dim`` (``2 * dim`` for the float16 identity)."""
     if not is_compressed(name):
         return 2 * dim
-    return TokenCodec(name, dim, pq_subquantizers=pq_subquantizers, **residual_options).code_size
+    return TokenCodec(name, dim, pq_subquantizers=pq_subquantizers, **options).code_size
 
 
 def codec_options(codec: str, *, pq_subquantizers: int | None = None, nbits: int | None = None,
-                  num_centroids: int | None = None, residual_dims: int | None = None) -> dict[str, int] | None:
+                  num_centroids: int | None = None, residual_dims: int | None = None,
+                  rq_codebooks: int | None = None) -> dict[str, int] | None:
     """The options dict of ``codec`` from its command-line settings (``None`` when none is set), checked before any
     work starts: each setting belongs to its codec and lies in its range (the dim-dependent checks come when the
     codec is made). Raises ``ValueError`` naming the flag."""
     from .residual import MAX_CENTROIDS, NBITS
+    from .rq import MAX_CODEBOOKS
 
     settings = {"pq_subquantizers": pq_subquantizers, "nbits": nbits, "num_centroids": num_centroids,
-                "residual_dims": residual_dims}
+                "residual_dims": residual_dims, "rq_codebooks": rq_codebooks}
     given = {key: int(value) for key, value in settings.items() if value is not None}
-    owners = {"pq_subquantizers": PQ_CODECS, **{key: (RESIDUAL,) for key in RESIDUAL_OPTIONS}}
+    owners = {"pq_subquantizers": PQ_CODECS, **{key: (RESIDUAL,) for key in RESIDUAL_OPTIONS}, "rq_codebooks": (RQ,)}
     for key, value in given.items():
         flag = "--" + key.replace("_", "-")
         if codec not in owners[key]:
@@ -343,6 +354,8 @@ def codec_options(codec: str, *, pq_subquantizers: int | None = None, nbits: int
         raise ValueError(f"--nbits must be one of {', '.join(map(str, NBITS))}, not {given['nbits']}")
     if "num_centroids" in given and not 2 <= given["num_centroids"] <= MAX_CENTROIDS:
         raise ValueError(f"--num-centroids must be between 2 and {MAX_CENTROIDS}, not {given['num_centroids']}")
+    if "rq_codebooks" in given and given["rq_codebooks"] > MAX_CODEBOOKS:
+        raise ValueError(f"--rq-codebooks must be between 1 and {MAX_CODEBOOKS}, not {given['rq_codebooks']}")
     if "residual_dims" in given and given["residual_dims"] % (8 // given.get("nbits", 1)):
         raise ValueError(f"--residual-dims must be a multiple of {8 // given.get('nbits', 1)} (8 / --nbits), "
                          f"not {given['residual_dims']}")
@@ -356,5 +369,5 @@ def _float32_rows(vectors: np.ndarray, dim: int) -> np.ndarray:
     return vectors
 
 
-__all__ = ["CODECS", "IDENTITY", "OPQ", "RESIDUAL", "TokenCodec", "codec_from_manifest", "codec_options", "code_size",
-           "default_pq_subquantizers", "is_compressed"]
+__all__ = ["CODECS", "IDENTITY", "OPQ", "RESIDUAL", "RQ", "TokenCodec", "codec_from_manifest", "codec_options",
+           "code_size", "default_pq_subquantizers", "is_compressed"]

@@ -108,7 +108,7 @@ STORAGE_DTYPES: dict[str, np.dtype] = {
 }
 INDEX_DTYPE = np.dtype("<i8")
 # Compressed codecs (:mod:`.codecs`) by manifest dtype: tokens.bin then holds uint8 codes, codec.bin float32 parameters.
-CODEC_DTYPES = ("sq8", "sq6", "sq4", "pq", "opq", "residual")
+CODEC_DTYPES = ("sq8", "sq6", "sq4", "pq", "opq", "residual", "rq")
 CODE_DTYPE = np.dtype("u1")
 CODEC_PARAMETER_DTYPE = np.dtype("<f4")
 

@@ -100,11 +100,11 @@ class SidecarWriter:
         commit_every_docs: commit the journal once at least this many documents were added since the last commit
             (1: after every :meth:`add`). A crash loses at most the uncommitted documents.
         codec: ``fp16`` / ``None`` (vectors stored in ``dtype``) or a compressed codec of :mod:`.codecs` (``sq8``,
-            ``sq6``, ``sq4``, ``pq``, ``residual``; ``dtype`` is then ignored). It is trained on the first documents
-            added (they wait in memory until its sample is full, or until :meth:`finalize`), or on a sample given to
-            :meth:`train_codec` before them, then every document is encoded.
+            ``sq6``, ``sq4``, ``pq``, ``opq``, ``residual``, ``rq``; ``dtype`` is then ignored). It is trained on the
+            first documents added (they wait in memory until its sample is full, or until :meth:`finalize`), or on a
+            sample given to :meth:`train_codec` before them, then every document is encoded.
         codec_options: ``pq_subquantizers`` (PQ's M), ``nbits``, ``num_centroids``, ``residual_dims`` (the residual
-            codec's), ``sample_tokens`` (see :class:`.codecs.TokenCodec`).
+            codec's), ``rq_codebooks`` (the rq codec's M), ``sample_tokens`` (see :class:`.codecs.TokenCodec`).
         windows: how the build cut documents into windows (:mod:`pyserini_mores.windows`): ``window`` and
             ``stride`` in tokens, ``max_windows``, and ``capacity`` (the tokens the model reads of one); default one
             window per document, with window, stride and capacity not recorded (null).

@@ -261,7 +261,7 @@ def test_codec_options_need_a_codec(tmp_path):
     with pytest.raises(ValueError, match=r"codec options \['pq_subquantizers'\] need a compressed codec, not fp16"):
         SidecarWriter(tmp_path / "x", dim=DIM, docids=DOCIDS, model=MODEL, index=INDEX,
                       codec_options={"pq_subquantizers": 4})
-    with pytest.raises(ValueError, match="codec must be one of fp16, sq8, sq6, sq4, pq, opq, residual, not 'zstd'"):
+    with pytest.raises(ValueError, match="codec must be one of fp16, sq8, sq6, sq4, pq, opq, residual, rq, not 'zstd'"):
         SidecarWriter(tmp_path / "x", dim=DIM, docids=DOCIDS, model=MODEL, index=INDEX, codec="zstd")
 
 

@@ -1,0 +1,201 @@
+"""The rq codec (residual vector quantisation: M full-width codebooks summed): its settings and their command-line
+check, its error against PQ and OPQ on clustered data, the batch decode against each row alone, its parameters'
+round trip and validation, and a sidecar stored with it: written, read, transcoded, and refused when its codec file
+or its manifest entry is damaged."""
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+from sidecar_forge import assert_damaged_codec_refused, damage_codec_file, reseal
+
+from pyserini_mores.sidecar import SidecarCorruptError, SidecarWriter, open_sidecar
+from pyserini_mores.sidecar.__main__ import main as sidecar_main
+from pyserini_mores.sidecar.codecs import TokenCodec, code_size, codec_options
+from pyserini_mores.sidecar.rq import ResidualVectorQuantizer
+
+DIM, M = 16, 4
+MODEL = {"model_type": "tk", "store_variant": "ctx", "fingerprint": "0123456789abcdef" * 4}
+LENGTHS = [5, 0, 40, 7, 21, 0, 33, 12, 1, 60] * 30  # 300 documents, empty ones included, 5,370 tokens
+DOCIDS = [f"d{row}" for row in range(len(LENGTHS))]
+INDEX = {"num_docs": len(LENGTHS), "signature": "test:rq"}
+
+
+def _vectors(count: int, seed: int = 0, dim: int = DIM) -> np.ndarray:
+    """Unit vectors crowded around 600 word-like points, as TK's term vectors are (mostly their word's embedding)."""
+    words = np.random.default_rng(99).standard_normal((600, dim))
+    rng = np.random.default_rng(seed)
+    rows = words[rng.zipf(1.3, count) % len(words)] + 0.15 * rng.standard_normal((count, dim))
+    return (rows / np.linalg.norm(rows, axis=1, keepdims=True)).astype(np.float32)
+
+
+def _trained(vectors: np.ndarray, m: int = M) -> ResidualVectorQuantizer:
+    codec = ResidualVectorQuantizer(vectors.shape[1], m)
+    codec.train(vectors)
+    return codec
+
+
+def _decode(codec, codes: np.ndarray) -> np.ndarray:
+    return codec.decode(codes, np.empty((len(codes), codec.dim), dtype=np.float32))
+
+
+def _relative_error(decoded: np.ndarray, vectors: np.ndarray) -> float:
+    return float((np.linalg.norm(decoded - vectors, axis=1) / np.linalg.norm(vectors, axis=1)).mean())
+
+
+# ---- the codec alone ---------------------------------------------------------------------------------------------
+def test_code_size_settings_and_the_command_line_check():
+    assert code_size("rq", 384) == 48 and code_size("rq", 384, rq_codebooks=24) == 24
+    assert TokenCodec("rq", 384).options == {"sample_tokens": 65536, "rq_codebooks": 48}
+    with pytest.raises(ValueError, match="rq needs between 1 and 256 codebooks, not 257"):
+        TokenCodec("rq", DIM, rq_codebooks=257)
+    with pytest.raises(ValueError, match="rq_codebooks applies to the rq codec, not opq"):
+        TokenCodec("opq", DIM, rq_codebooks=4)
+    with pytest.raises(ValueError, match="the rq codec needs at least 256 token vectors to train, got 100"):
+        TokenCodec("rq", DIM).train(_vectors(100))
+    assert codec_options("rq", rq_codebooks=8) == {"rq_codebooks": 8}
+    with pytest.raises(ValueError, match="--rq-codebooks applies to --codec rq, not pq"):
+        codec_options("pq", rq_codebooks=8)
+    with pytest.raises(ValueError, match="--rq-codebooks must be positive, not 0"):
+        codec_options("rq", rq_codebooks=0)
+    with pytest.raises(ValueError, match="--rq-codebooks must be between 1 and 256, not 300"):
+        codec_options("rq", rq_codebooks=300)
+    with pytest.raises(ValueError, match="--pq-subquantizers applies to --codec pq, not rq"):
+        codec_options("rq", pq_subquantizers=4)
+
+
+def test_clustered_vectors_are_coded_better_than_by_pq_and_opq_of_the_same_size():
+    train, held_out = _vectors(12000, seed=1), _vectors(2000, seed=2)
+    rq = _trained(train)
+    errors = {"rq": _relative_error(_decode(rq, rq.encode(held_out)), held_out)}
+    for name in ("pq", "opq"):
+        codec = TokenCodec(name, DIM, pq_subquantizers=M)
+        codec.train(train)
+        errors[name] = _relative_error(codec.decode(codec.encode(held_out)), held_out)
+    assert errors["rq"] < 0.8 * min(errors["pq"], errors["opq"]), errors
+
+
+@pytest.mark.parametrize("count", [1, 3, 64, 517])
+def test_batch_decode_equals_each_row_decoded_alone(count):
+    codec = _trained(_vectors(4000, seed=5))
+    for codes in (codec.encode(_vectors(count, seed=6)),  # any code decodes the same way, not only encode's
+                  np.random.default_rng(7).integers(0, 256, (count, M), dtype=np.uint8)):
+        assert np.array_equal(_decode(codec, codes), np.concatenate([_decode(codec, code[None]) for code in codes]))
+    assert np.allclose(_decode(codec, codes[:1])[0], sum(codec.parameters().reshape(M, 256, DIM)[m, codes[0, m]]
+                                                        for m in range(M)), atol=1e-5)
+
+
+def test_parameters_round_trip_and_damaged_ones_are_refused():
+    vectors = _vectors(4000)
+    codec = _trained(vectors)
+    parameters = codec.parameters()
+    assert parameters.dtype == np.float32 and parameters.shape == (M * 256 * DIM,) == (codec.parameter_count,)
+    restored = ResidualVectorQuantizer(DIM, M)
+    restored.load_parameters(parameters)
+    codes = codec.encode(vectors)
+    assert np.array_equal(restored.encode(vectors), codes)
+    assert np.array_equal(_decode(codec, codes), _decode(restored, codes))
+    fresh = ResidualVectorQuantizer(DIM, M)
+    with pytest.raises(SidecarCorruptError, match=re.escape("the rq codec (dim 16, 4 codebooks) has 16384 "
+                                                            "parameters, not 16383")):
+        fresh.load_parameters(parameters[:-1])
+    damaged = parameters.copy()
+    damaged[7] = np.nan
+    with pytest.raises(SidecarCorruptError, match="the rq codec's parameters are not all finite"):
+        fresh.load_parameters(damaged)
+    assert not fresh.trained
+
+
+# ---- in a sidecar ------------------------------------------------------------------------------------------------
+def _documents(seed: int = 0) -> list[np.ndarray]:
+    return np.split(_vectors(sum(LENGTHS), seed), np.cumsum(LENGTHS)[:-1])
+
+
+def _write(path, docs, batch: int = 7) -> None:
+    writer = SidecarWriter(path, dim=DIM, docids=DOCIDS, model=MODEL, index=INDEX, codec="rq",
+                           codec_options={"rq_codebooks": M}, block_bytes=256)
+    for start in range(writer.rows_done, len(docs), batch):
+        writer.add(docs[start:start + batch])
+    writer.finalize()
+
+
+def test_an_rq_sidecar_round_trip(tmp_path):
+    docs = _documents()
+    _write(tmp_path / "sc", docs)
+    manifest = json.loads((tmp_path / "sc" / "manifest.json").read_text())
+    assert manifest["dtype"] == "rq"
+    assert manifest["codec"]["code_size"] == M and manifest["codec"]["parameter_count"] == M * 256 * DIM
+    assert manifest["codec"]["options"] == {"sample_tokens": 65536, "rq_codebooks": M}
+    codec = _trained(np.concatenate(docs))  # trained on every token (fewer than the sample), as the writer did
+    with open_sidecar(tmp_path / "sc") as reader:
+        assert reader.bytes_per_token == M
+        for row in (0, 1, 2, 9, 299):
+            assert np.array_equal(reader.get(row), _decode(codec, codec.encode(docs[row])))
+        batch, lengths = reader.get_batch([2, 0, 1, 9, 6])
+        assert lengths.tolist() == [40, 5, 0, 60, 33]
+        for slot, row in enumerate([2, 0, 1, 9, 6]):
+            assert np.array_equal(batch[slot, :LENGTHS[row]].numpy(), reader.get(row))
+            assert not batch[slot, LENGTHS[row]:].any()
+    assert sidecar_main(["verify", str(tmp_path / "sc")]) == 0
+
+
+def test_transcode_into_the_rq_codec(tmp_path, capsys):
+    writer = SidecarWriter(tmp_path / "src", dim=DIM, docids=DOCIDS, model=MODEL, index=INDEX, dtype="float32")
+    writer.add(_documents())
+    writer.finalize()
+    assert sidecar_main(["transcode", str(tmp_path / "src"), "--output", str(tmp_path / "rq"), "--codec", "rq",
+                         "--rq-codebooks", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "codec rq, rq_codebooks=8 (trained on 5,370 tokens)" in out and "8 bytes/token" in out
+    assert sidecar_main(["transcode", str(tmp_path / "src"), "--output", str(tmp_path / "bad"), "--codec", "rq",
+                         "--rq-codebooks", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "--rq-codebooks must be positive, not 0" in err
+
+
+@pytest.mark.parametrize("damage,message", [
+    ("nan", "codec.bin is damaged: the rq codec's parameters are not all finite"),
+    ("bytes", r"codec.bin bytes \[0, \d+\) do not match their checksum"),
+    ("truncated", "codec.bin: file is truncated"),
+])
+def test_a_damaged_codec_file_is_refused_at_open_with_one_line_and_exit_2(tmp_path, capsys, monkeypatch, damage,
+                                                                          message):
+    path = tmp_path / "sc"
+    if damage == "nan":  # wrong when written, checksummed as it is: the codec's own check refuses it
+        trained_parameters = ResidualVectorQuantizer.parameters
+
+        def damaged(self):
+            parameters = trained_parameters(self).copy()
+            parameters[-1] = np.nan
+            return parameters
+
+        monkeypatch.setattr(ResidualVectorQuantizer, "parameters", damaged)
+    _write(path, _documents())
+    monkeypatch.undo()
+    damage_codec_file(path, damage)
+    assert_damaged_codec_refused(path, damage, message, tmp_path / "out", capsys)
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"rq_codebooks": 300}, "rq needs between 1 and 256 codebooks, not 300"),
+    ({"rq_codebooks": 0}, "option 'rq_codebooks' is 0, not a positive integer"),
+    ({"rq_codebooks": "4"}, "option 'rq_codebooks' is '4', not a positive integer"),
+    ({"rq_codebooks": True}, "option 'rq_codebooks' is True, not a positive integer"),
+    ({"rq_codebooks": 8}, "has 32768 parameters, the manifest records 16384"),
+    ({"pq_subquantizers": 4}, "pq_subquantizers applies to the pq codec, not rq"),
+])
+def test_manifest_codec_values_out_of_range_are_refused_at_open(tmp_path, capsys, options, message):
+    path = tmp_path / "sc"
+    _write(path, _documents())
+    manifest_path = path / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["codec"]["options"].update(options)
+    manifest_path.write_text(json.dumps(manifest))
+    reseal(path)  # as a writer would have sealed it: the manifest checksum alone would refuse the edit
+    with pytest.raises(SidecarCorruptError, match=re.escape(message)):
+        open_sidecar(path).codec  # noqa: B018 - the codec is read when first used
+    assert sidecar_main(["transcode", str(path), "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and message in err
