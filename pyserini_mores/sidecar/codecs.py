@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .format import CODE_DTYPE, CODEC_DTYPES, CODEC_PARAMETER_DTYPE, SidecarCorruptError
+from .format import CODE_DTYPE, CODEC_DTYPES, CODEC_PARAMETER_DTYPE, SidecarCorruptError, checked_codec_parameters
 from .opq import OptimizedProductQuantizer
 from .residual import DEFAULT_NUM_CENTROIDS, ResidualQuantizer
 from .rq import ResidualVectorQuantizer
@@ -220,12 +220,8 @@ class TokenCodec:
         if self._model is not None:
             self._model.load_parameters(parameters)
             return
-        expected = self._parameter_count()
-        if parameters.size != expected:
-            raise SidecarCorruptError(f"the {self.name} codec of dim {self.dim} has {expected} parameters, "
-                                      f"not {parameters.size}")
-        if not np.isfinite(parameters).all():
-            raise SidecarCorruptError(f"the {self.name} codec's parameters are not all finite")
+        parameters = checked_codec_parameters(parameters, self._parameter_count(), self.name,
+                                              f"the {self.name} codec of dim {self.dim}")
         self._index = self._new_index()
         trained = self._index.pq.centroids if self.name == "pq" else self._index.sq.trained
         faiss.copy_array_to_vector(parameters, trained)

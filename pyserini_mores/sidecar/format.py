@@ -152,6 +152,18 @@ class SidecarCorruptError(SidecarError):
     """The sidecar's files disagree with its manifest (truncated, missing, unreadable manifest)."""
 
 
+def checked_codec_parameters(parameters: np.ndarray, expected: int, codec: str, described: str) -> np.ndarray:
+    """``parameters`` (a trained codec's ``codec.bin``) as flat float32, or :class:`SidecarCorruptError` when they are
+    not ``expected`` values (``described``, e.g. ``the opq codec (dim 16, M 4)``, names the codec and its settings)
+    or not all finite (``codec``: its name)."""
+    parameters = np.ascontiguousarray(parameters, dtype=np.float32).reshape(-1)
+    if parameters.size != expected:
+        raise SidecarCorruptError(f"{described} has {expected} parameters, not {parameters.size}")
+    if not np.isfinite(parameters).all():
+        raise SidecarCorruptError(f"the {codec} codec's parameters are not all finite")
+    return parameters
+
+
 class SidecarExistsError(SidecarError, FileExistsError):
     """A writer would replace an existing complete sidecar (pass ``overwrite=True``) or a directory that is none."""
 

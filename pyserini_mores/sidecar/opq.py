@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .format import CODE_DTYPE, SidecarCorruptError
+from .format import CODE_DTYPE, SidecarCorruptError, checked_codec_parameters
 
 logger = logging.getLogger(__name__)
 
@@ -99,12 +99,8 @@ class OptimizedProductQuantizer:
         non-finite value, or whose rotation is not orthogonal."""
         import faiss
 
-        parameters = np.asarray(parameters, dtype=np.float32).reshape(-1)
-        if parameters.size != self.parameter_count:
-            raise SidecarCorruptError(f"the opq codec (dim {self.dim}, M {self.subquantizers}) has "
-                                      f"{self.parameter_count} parameters, not {parameters.size}")
-        if not np.isfinite(parameters).all():
-            raise SidecarCorruptError("the opq codec's parameters are not all finite")
+        parameters = checked_codec_parameters(parameters, self.parameter_count, "opq",
+                                              f"the opq codec (dim {self.dim}, M {self.subquantizers})")
         square = self.dim * self.dim
         rotation = np.ascontiguousarray(parameters[:square].reshape(self.dim, self.dim))
         deviation = float(np.abs(rotation.astype(np.float64) @ rotation.T.astype(np.float64)

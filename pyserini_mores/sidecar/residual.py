@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .format import CODE_DTYPE, SidecarCorruptError
+from .format import CODE_DTYPE, SidecarCorruptError, checked_codec_parameters
 
 logger = logging.getLogger(__name__)
 
@@ -135,12 +135,8 @@ class ResidualQuantizer:
     def load_parameters(self, parameters: np.ndarray) -> None:
         """Restore from :meth:`parameters`; refuses (:class:`SidecarCorruptError`) a vector of another size, with a
         non-finite value, kept dimensions that are not increasing integers below ``dim``, or decreasing cutoffs."""
-        parameters = np.asarray(parameters, dtype=np.float32).reshape(-1)
-        if parameters.size != self.parameter_count:
-            raise SidecarCorruptError(f"the residual codec ({self._describe()}) has {self.parameter_count} "
-                                      f"parameters, not {parameters.size}")
-        if not np.isfinite(parameters).all():
-            raise SidecarCorruptError("the residual codec's parameters are not all finite")
+        parameters = checked_codec_parameters(parameters, self.parameter_count, "residual",
+                                              f"the residual codec ({self._describe()})")
         r, levels = self.residual_dims, self.levels
         sizes = [self.num_centroids * self.dim, r, r * (levels - 1), r * levels]
         centroids, kept, cutoffs, weights = np.split(parameters, np.cumsum(sizes)[:-1])
