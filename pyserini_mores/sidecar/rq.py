@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .format import CODE_DTYPE, SidecarCorruptError
+from .format import CODE_DTYPE, checked_codec_parameters
 
 logger = logging.getLogger(__name__)
 
@@ -89,12 +89,8 @@ class ResidualVectorQuantizer:
         non-finite value."""
         import faiss
 
-        parameters = np.ascontiguousarray(parameters, dtype=np.float32).reshape(-1)
-        if parameters.size != self.parameter_count:
-            raise SidecarCorruptError(f"the rq codec (dim {self.dim}, {self.codebooks} codebooks) has "
-                                      f"{self.parameter_count} parameters, not {parameters.size}")
-        if not np.isfinite(parameters).all():
-            raise SidecarCorruptError("the rq codec's parameters are not all finite")
+        parameters = checked_codec_parameters(parameters, self.parameter_count, "rq",
+                                              f"the rq codec (dim {self.dim}, {self.codebooks} codebooks)")
         rq = self._new()
         faiss.copy_array_to_vector(parameters, rq.codebooks)
         rq.is_trained = True
@@ -110,10 +106,16 @@ class ResidualVectorQuantizer:
         return self._rq.compute_codes(vectors)
 
     def decode(self, codes: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """Decode ``codes [n, M]`` into ``out [n, dim]`` float32: the sum of each code's codebook entries."""
+        """Decode ``codes [n, M]`` into ``out [n, dim]`` float32 (C-contiguous): the sum of each code's codebook
+        entries, written straight into ``out`` (faiss's ``decode`` would return a new array to copy from)."""
+        import faiss
+
         self._check_trained()
         codes = np.ascontiguousarray(codes, dtype=CODE_DTYPE)
-        out[:] = self._rq.decode(codes)
+        if out.shape != (len(codes), self.dim) or out.dtype != np.float32 or not out.flags.c_contiguous:
+            raise ValueError(f"out must be a C-contiguous float32 array of shape {(len(codes), self.dim)}")
+        if len(codes):
+            self._rq.decode_c(faiss.swig_ptr(codes), faiss.swig_ptr(out), len(codes))
         return out
 
     def _check_trained(self) -> None:
