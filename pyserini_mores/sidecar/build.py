@@ -103,7 +103,7 @@ class BuildOptions:
         collection: a collection file (MS MARCO TSV or JSONL) for indexes that store no text.
         batch_size: documents encoded per batch.
         dtype: storage dtype of the vectors under the ``fp16`` codec.
-        codec: ``fp16``, or a compressed codec (``sq8``, ``sq6``, ``sq4``, ``pq``, ``opq``, ``residual``; see
+        codec: ``fp16``, or a compressed codec (``sq8``, ``sq6``, ``sq4``, ``pq``, ``opq``, ``rq``, ``residual``; see
             :mod:`.codecs`). Unsharded, it is trained on the first documents written; sharded, once for every shard
             on documents drawn across the collection (see ``trained_codec``).
         codec_options: the codec's settings (``pq_subquantizers``; ``nbits``, ``num_centroids``, ``residual_dims``;
