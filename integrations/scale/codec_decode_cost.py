@@ -4,7 +4,8 @@ For each of ``--queries`` topics, its first ``--depth`` candidates of ``--run`` 
 ``RerankingSearcher.rerank_run`` from each sidecar in turn (alternating, so both see the same machine state), and
 their rows are read alone with ``get_batch`` as the rerank path reads them (what the codec changes: float16 rows
 gathered, or codes gathered and decoded; an ``opq`` store's codes without the rotation back when the model folds the
-rotation into its own side, see ``RankingModel.store_frame``), ``--repeats`` times. It prints the medians per query
+rotation into its own side, see ``RankingModel.store_frame``; an ``rq`` store's codes undecoded when the model scores
+them through look-up tables, see ``RankingModel.code_tables``), ``--repeats`` times. It prints the medians per query
 for both paths and both sidecars, and the ratios
 codec / float16; ``--json`` writes them with the machine (CPU model, cores, torch threads).
 
@@ -83,10 +84,11 @@ def main() -> None:
     readers = {name: open_sidecar(path) for name, path in (("fp16", args.fp16), ("codec", args.codec_sidecar))}
     rows = {qid: readers["fp16"].rows_for_docids([docid for docid, _ in run[qid]]) for qid in qids}
     folded = searchers["codec"].reranker.folds_codec_rotation  # how the rerank path reads the codes
-    rotated = {"fp16": False, "codec": folded}
+    tabled = searchers["codec"].reranker.scores_codes
+    how = {"fp16": {}, "codec": {"rotated": True} if folded else {"codes": True} if tabled else {}}
     for name in searchers:  # warm up: models, page cache, codec parameters
         searchers[name].rerank_run({qids[0]: run[qids[0]]}, {qids[0]: topics[qids[0]]}, k=args.depth)
-        readers[name].get_batch(rows[qids[0]], rotated=rotated[name])
+        readers[name].get_batch(rows[qids[0]], **how[name])
     rerank, read = defaultdict(list), defaultdict(list)
     for _ in range(args.repeats):
         for qid in qids:
@@ -95,13 +97,13 @@ def main() -> None:
                 searchers[name].rerank_run({qid: run[qid]}, {qid: topics[qid]}, k=args.depth)
                 rerank[name].append(time.perf_counter() - start)
                 start = time.perf_counter()
-                readers[name].get_batch(np.sort(rows[qid]), rotated=rotated[name])
+                readers[name].get_batch(np.sort(rows[qid]), **how[name])
                 read[name].append(time.perf_counter() - start)
     result = {"cpu": _cpu_model(), "cores": torch.get_num_threads(), "depth": args.depth, "queries": len(qids),
               "repeats": args.repeats, "reranker": args.reranker, "model": args.model, "precision": args.precision,
               "fp16": args.fp16, "codec_sidecar": args.codec_sidecar,
               "codec": readers["codec"].dtype, "bytes_per_token": readers["codec"].bytes_per_token,
-              "rotation_folded_into_the_model": folded}
+              "rotation_folded_into_the_model": folded, "codes_scored_by_look_up_tables": tabled}
     for path, times in (("rerank", rerank), ("read", read)):
         for name in ("fp16", "codec"):
             result[f"{path}_{name}_median_ms"] = 1000 * statistics.median(times[name])

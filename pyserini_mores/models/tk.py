@@ -136,6 +136,16 @@ class TKQueryState(NamedTuple):
     mask: torch.Tensor
 
 
+class TKCodeTables(NamedTuple):
+    """One query against an additive codec's codebooks (:meth:`TKModel.code_tables`): ``table [M * K, q]``, the
+    inner product of entry ``k`` of codebook ``m`` (row ``m * K + k``) with each unit query term, and the query's
+    term ``mask [1, q]``."""
+
+    table: torch.Tensor
+    mask: torch.Tensor
+    entries: int  # K, entries per codebook
+
+
 # ---- word-level tokenizer for GloVe vocabularies ---------------------------------------------------------------------
 class WordTokenizer:
     """Lowercasing word tokenizer over a fixed vocabulary: runs of word characters, and every other non-space
@@ -565,9 +575,40 @@ class TKModel(RankingModel):
         return TKQueryState(*self.represent(query_batch))
 
     # ---- scoring ----------------------------------------------------------------------------------------------------
-    def score(self, query_state: TKQueryState, docs: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """``[B]`` scores of one query against stored ``docs [B, Lmax, dim]`` (any float dtype, zero-padded)."""
-        return self._interaction(query_state, *self._stored(docs, lengths))["score"]
+    def score(self, query_state: TKQueryState, docs: torch.Tensor, lengths: torch.Tensor,
+              norms: torch.Tensor | None = None) -> torch.Tensor:
+        """``[B]`` scores of one query against stored ``docs [B, Lmax, dim]`` (any float dtype, zero-padded).
+        ``norms [B, Lmax]``: the stored vectors' norms as the store gives them, which the cosines divide by (default:
+        computed from ``docs``; see :meth:`score_codes`)."""
+        return self._interaction(query_state, *self._stored(docs, lengths), norms=norms)["score"]
+
+    scores_codes = True  # a stored term's only use is its cosines with the query terms, given its norm
+
+    def code_tables(self, query_state: TKQueryState, codebooks: torch.Tensor) -> TKCodeTables:
+        """Every query term's inner product with every entry of ``codebooks [M, K, dim]``: ``M K dim q`` multiply-adds
+        once per query, after which a stored term's cosines with the query terms take ``M`` look-ups each instead of
+        decoding it (``M dim`` adds) and multiplying (``dim q``)."""
+        vectors, mask = query_state
+        entries, width = codebooks.shape[1], codebooks.shape[2]
+        with torch.autocast(device_type=codebooks.device.type, enabled=False):
+            table = codebooks.reshape(-1, width).float() @ vectors[0].float().T
+        return TKCodeTables(table, mask, entries)
+
+    def score_codes(self, tables: TKCodeTables, codes: torch.Tensor, lengths: torch.Tensor,
+                    norms: torch.Tensor) -> torch.Tensor:
+        """``[B]`` scores of stored terms coded as ``codes [B, Lmax, M]`` against the query of ``tables``
+        (:meth:`code_tables`), with the norms ``[B, Lmax]`` their store gives (the look-ups do not give ``‖x̂‖``). A
+        term decodes to ``x̂ = Σ_m C_m[c_m]``, so ``q · x̂ = Σ_m q · C_m[c_m]``: ``M`` look-ups summed (one
+        ``embedding_bag``), then divided by the norm. Equals :meth:`score` of the decoded terms with the same
+        ``norms``, to float32 rounding."""
+        batch, length, books = codes.shape
+        offsets = torch.arange(books, device=codes.device) * tables.entries
+        index = (codes.long() + offsets).reshape(-1, books)
+        with torch.autocast(device_type=codes.device.type, enabled=False):
+            dots = F.embedding_bag(index, tables.table, mode="sum")  # [B * Lmax, q]
+            match_matrix = dots.reshape(batch, length, -1).transpose(1, 2)
+            match_matrix = match_matrix / norms.float().clamp(min=1e-12)[:, None, :]
+            return self._pooled(match_matrix, tables.mask, self._stored(codes, lengths)[1])["score"]
 
     def store_frame(self, rotation: torch.Tensor) -> torch.Tensor:
         return rotation
@@ -621,7 +662,7 @@ class TKModel(RankingModel):
         return docs, positions[None, :] < lengths.to(docs.device)[:, None]
 
     def _interaction(self, query_state: TKQueryState, doc_vectors: torch.Tensor, doc_mask: torch.Tensor,
-                     explain: bool = False) -> dict:
+                     explain: bool = False, norms: torch.Tensor | None = None) -> dict:
         """Steps 4–8 of unit-length query terms ``[1|B, q, dim]`` against documents ``[B, L, dim]`` (term mask
         ``[B, L]``), in fp32: ``{"score": [B]}``, plus the :meth:`explain` entries when ``explain``."""
         query_vectors, query_mask = query_state
@@ -632,8 +673,15 @@ class TKModel(RankingModel):
             match_matrix = torch.bmm(query_vectors, doc_vectors.transpose(1, 2))  # [B, q, L]
             # cosine: dividing by the document norms on [B, q, L] instead of renormalising [B, L, dim] undoes the
             # fp16 rounding of stored norms (and accepts un-normalised stores); zero padding stays 0
-            doc_norms = torch.linalg.vector_norm(doc_vectors, dim=-1).clamp(min=1e-12)
-            match_matrix = match_matrix / doc_norms[:, None, :]
+            if norms is None:
+                norms = torch.linalg.vector_norm(doc_vectors, dim=-1)
+            match_matrix = match_matrix / norms.float().clamp(min=1e-12)[:, None, :]
+            return self._pooled(match_matrix, query_mask, doc_mask, explain)
+
+    def _pooled(self, match_matrix: torch.Tensor, query_mask: torch.Tensor, doc_mask: torch.Tensor,
+                explain: bool = False) -> dict:
+        """Steps 5–8 from the cosines ``match_matrix [B, q, L]`` (fp32; any value on masked cells)."""
+        with torch.autocast(device_type=match_matrix.device.type, enabled=False):
             features = self.kernel_pooling(match_matrix, query_mask, doc_mask)
             log_scaled = features.log_pooled * self.pooled_scale
             len_scaled = features.len_pooled * self.pooled_scale
@@ -677,5 +725,5 @@ def _compact(vectors: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
     return [row[keep] for row, keep in zip(vectors, mask)]
 
 
-__all__ = ["TKConfig", "TKModel", "TKQueryState", "KernelPooling", "KernelFeatures", "WordTokenizer",
+__all__ = ["TKConfig", "TKModel", "TKQueryState", "TKCodeTables", "KernelPooling", "KernelFeatures", "WordTokenizer",
            "load_glove_embeddings", "sinusoidal_positions", "TK_KERNEL_MUS"]

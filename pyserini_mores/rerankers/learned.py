@@ -124,6 +124,7 @@ class ModelReranker(Reranker):
         self._scoring_copy_of: tuple | None = None
         self._buffers = threading.local()
         self._frame_of: tuple | None = None  # (model, sidecar, frame) of _store_frame
+        self._codebooks_of: tuple | None = None  # (sidecar, codebooks) of _store_codebooks
 
     @property
     def sidecar(self):
@@ -221,6 +222,16 @@ class ModelReranker(Reranker):
                                                heads=heads, rotated=rotated)
         return self._sent(docs, lengths, dtype, buffer)
 
+    def _read_codes(self, starts: np.ndarray, lengths: np.ndarray,
+                    buffer: BatchBuffer | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stored codes of token spans, undecoded (``SidecarReader.get_spans`` with ``codes=True``), on the
+        reranker's device."""
+        codes, lengths = self.sidecar.get_spans(starts, lengths, buffer=buffer, codes=True)
+        docs, lengths = codes.to(self.device, non_blocking=True), lengths.to(self.device, non_blocking=True)
+        if buffer is not None:
+            buffer.in_flight(self.device)
+        return docs, lengths
+
     @property
     def folds_codec_rotation(self) -> bool:
         """True when the sidecar's codec rotation (an ``opq`` store's) is folded into the scoring model, so that its
@@ -240,6 +251,25 @@ class ModelReranker(Reranker):
                 frame = model.store_frame(torch.tensor(rotation, device=self.device))  # a copy: the codec's is read-only
             cached = self._frame_of = (model, self.sidecar, frame)
         return cached[2]
+
+    @property
+    def scores_codes(self) -> bool:
+        """True when the scoring model scores the sidecar's codes (an ``rq`` store's whose codes carry their norms)
+        through look-up tables, without decoding them (see
+        :meth:`~pyserini_mores.models.base.RankingModel.code_tables`)."""
+        return self._store_codebooks(self.scoring_model) is not None
+
+    def _store_codebooks(self, model: RankingModel) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The sidecar codec's codebooks and norm levels on the device, made once per sidecar, when ``model`` scores
+        codes and the codes carry their norms (``rq`` with ``rq_norms``); else None."""
+        books = getattr(self.sidecar, "store_codebooks", None) if model.scores_codes else None
+        if books is None or books.norm_levels is None:
+            return None
+        cached = self._codebooks_of
+        if cached is None or cached[0] is not self.sidecar:
+            cached = self._codebooks_of = (self.sidecar, (torch.tensor(books.entries, device=self.device),
+                                                          torch.tensor(books.norm_levels, device=self.device)))
+        return cached[1]
 
     def _sent(self, docs: torch.Tensor, lengths: torch.Tensor, dtype: torch.dtype,
               buffer: BatchBuffer | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -405,6 +435,8 @@ class ModelReranker(Reranker):
         frame = self._store_frame(model)
         if frame is not None:  # the codec's rotation is folded into the query side: codes decode without it
             query_state = model.query_in_frame(query_state, frame)
+        books = None if cls else self._store_codebooks(model)
+        tables = None if books is None else model.code_tables(query_state, books[0])  # codes never decoded
         width = (model.config.encoder.hidden_size,) if cls else ()
         window_scores = torch.empty((len(starts), *width))
         # Group windows of similar length so batches carry little padding: all of them, or under a deadline
@@ -419,6 +451,14 @@ class ModelReranker(Reranker):
         score = model.score_cls if cls else model.score
         scored = 0
         for chunk in chunks:
+            if tables is not None:
+                codes, lengths = self._read_codes(starts[chunk], lengths_of_windows[chunk], buffer)
+                codebook_count = books[0].shape[0]  # a code: one byte per codebook, then the norm's
+                norms = books[1][codes[..., codebook_count].long()]
+                window_scores[torch.from_numpy(chunk)] = model.score_codes(
+                    tables, codes[..., :codebook_count], lengths, norms).float().cpu()
+                scored += len(chunk)
+                continue
             # Under bf16 the stored rows go straight to bf16: no fp32 copy of the candidates is ever made.
             docs, lengths = self._read_spans(starts[chunk], lengths_of_windows[chunk],
                                              PRECISIONS[self.precision] or torch.float32, buffer=buffer,

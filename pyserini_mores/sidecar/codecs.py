@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -45,7 +45,8 @@ RESIDUAL_OPTIONS = ("nbits", "num_centroids", "residual_dims")
 OPQ = "opq"
 PQ_CODECS = ("pq", OPQ)  # the codecs that take pq_subquantizers
 RQ = "rq"
-MANIFEST_OPTIONS = ("sample_tokens", "pq_subquantizers", *RESIDUAL_OPTIONS, "rq_codebooks")  # codec.options' keys
+# codec.options' keys
+MANIFEST_OPTIONS = ("sample_tokens", "pq_subquantizers", *RESIDUAL_OPTIONS, "rq_codebooks", "rq_norms")
 
 
 def is_compressed(name: str | None) -> bool:
@@ -62,6 +63,15 @@ def default_pq_subquantizers(dim: int) -> int:
     return 1
 
 
+class Codebooks(NamedTuple):
+    """An additive codec's codebooks: ``entries [M, K, dim]`` float32 (a code's first ``M`` bytes pick one entry of
+    each, and the entries sum to its vector) and, when its codes end in a norm byte, ``norm_levels [256]`` float32
+    (the norm of the vector each value of that byte stands for), else ``None``."""
+
+    entries: np.ndarray
+    norm_levels: np.ndarray | None
+
+
 class TokenCodec:
     """One trained (or trainable) codec of ``dim``-wide token vectors.
 
@@ -73,6 +83,8 @@ class TokenCodec:
             :class:`.residual.ResidualQuantizer`; by default 1 bit, 4,096 centroids, and the kept dimensions that
             make a code ``dim / 8`` bytes).
         rq_codebooks: ``M`` of ``rq`` (:class:`.rq.ResidualVectorQuantizer`), 1 … 256 (default ``dim / 8``).
+        rq_norms: 1 for ``rq`` codes that end in a byte of the reconstruction's norm (what scoring cosines from
+            codes needs, see :attr:`norm_levels`).
         sample_tokens: how many of the first token vectors train it (default: :data:`DEFAULT_SAMPLE_TOKENS`, capped
             at :data:`DEFAULT_SAMPLE_BYTES` of float32).
 
@@ -86,7 +98,7 @@ class TokenCodec:
 
     def __init__(self, name: str, dim: int, *, pq_subquantizers: int | None = None, sample_tokens: int | None = None,
                  nbits: int | None = None, num_centroids: int | None = None, residual_dims: int | None = None,
-                 rq_codebooks: int | None = None):
+                 rq_codebooks: int | None = None, rq_norms: int | None = None):
         if name not in CODEC_DTYPES:
             raise ValueError(f"unknown codec {name!r}; known: {', '.join(CODECS)}")
         if dim <= 0:
@@ -117,9 +129,12 @@ class TokenCodec:
             raise ValueError(f"sample_tokens must be positive, not {sample_tokens}")
         self._opq = OptimizedProductQuantizer(self.dim, self.pq_subquantizers) if name == OPQ else None
         codebooks = max(1, self.dim // 8) if rq_codebooks is None else int(rq_codebooks)
-        self._rq = ResidualVectorQuantizer(self.dim, codebooks) if name == RQ else None
-        if name != RQ and rq_codebooks is not None:
-            raise ValueError(f"rq_codebooks applies to the rq codec, not {name}")
+        if rq_norms not in (None, 1):
+            raise ValueError(f"rq_norms is 1 (a norm byte) when given, not {rq_norms}")
+        self._rq = ResidualVectorQuantizer(self.dim, codebooks, norms=bool(rq_norms)) if name == RQ else None
+        if name != RQ and (rq_codebooks is not None or rq_norms is not None):
+            raise ValueError(f"{'rq_codebooks' if rq_codebooks is not None else 'rq_norms'} applies to the rq "
+                             f"codec, not {name}")
         self._model = self._residual or self._opq or self._rq  # a codec of this package's own, not a faiss index
         self.trained_on = 0
         self._index = self._new_index() if self._model is None else None
@@ -143,6 +158,12 @@ class TokenCodec:
         """The ``opq`` codec's rotation ``R [dim, dim]`` (float32; a vector ``x`` is coded as ``y = R x``), which
         :meth:`decode` with ``rotated=True`` leaves to the consumer; ``None`` for every other codec."""
         return self._opq.rotation if self._opq is not None else None
+
+    @property
+    def codebooks(self) -> Codebooks | None:
+        """The ``rq`` codec's codebooks, for a consumer that scores codes by look-up tables instead of decoding them;
+        ``None`` for every other codec."""
+        return Codebooks(self._rq.codebooks_array, self._rq.norm_levels) if self._rq is not None else None
 
     @property
     def min_training_tokens(self) -> int:
@@ -301,6 +322,7 @@ def codec_from_manifest(entry: Mapping[str, Any], dim: int, parameters: np.ndarr
     try:
         codec = TokenCodec(str(entry["name"]), dim, pq_subquantizers=options.get("pq_subquantizers"),
                            sample_tokens=options.get("sample_tokens"), rq_codebooks=options.get("rq_codebooks"),
+                           rq_norms=options.get("rq_norms"),
                            **{key: options.get(key) for key in RESIDUAL_OPTIONS})
     except (KeyError, TypeError, ValueError) as error:
         raise SidecarCorruptError(f"{source}: field 'codec' does not describe a codec: {error}") from None
@@ -328,7 +350,7 @@ def code_size(name: str, dim: int, pq_subquantizers: int | None = None, **option
 
 def codec_options(codec: str, *, pq_subquantizers: int | None = None, nbits: int | None = None,
                   num_centroids: int | None = None, residual_dims: int | None = None,
-                  rq_codebooks: int | None = None) -> dict[str, int] | None:
+                  rq_codebooks: int | None = None, rq_norms: bool = False) -> dict[str, int] | None:
     """The options dict of ``codec`` from its command-line settings (``None`` when none is set), checked before any
     work starts: each setting belongs to its codec and lies in its range (the dim-dependent checks come when the
     codec is made). Raises ``ValueError`` naming the flag."""
@@ -336,9 +358,10 @@ def codec_options(codec: str, *, pq_subquantizers: int | None = None, nbits: int
     from .rq import MAX_CODEBOOKS
 
     settings = {"pq_subquantizers": pq_subquantizers, "nbits": nbits, "num_centroids": num_centroids,
-                "residual_dims": residual_dims, "rq_codebooks": rq_codebooks}
+                "residual_dims": residual_dims, "rq_codebooks": rq_codebooks, "rq_norms": 1 if rq_norms else None}
     given = {key: int(value) for key, value in settings.items() if value is not None}
-    owners = {"pq_subquantizers": PQ_CODECS, **{key: (RESIDUAL,) for key in RESIDUAL_OPTIONS}, "rq_codebooks": (RQ,)}
+    owners = {"pq_subquantizers": PQ_CODECS, **{key: (RESIDUAL,) for key in RESIDUAL_OPTIONS}, "rq_codebooks": (RQ,),
+              "rq_norms": (RQ,)}
     for key, value in given.items():
         flag = "--" + key.replace("_", "-")
         if codec not in owners[key]:
@@ -365,5 +388,5 @@ def _float32_rows(vectors: np.ndarray, dim: int) -> np.ndarray:
     return vectors
 
 
-__all__ = ["CODECS", "IDENTITY", "OPQ", "RESIDUAL", "RQ", "TokenCodec", "codec_from_manifest", "codec_options",
-           "code_size", "default_pq_subquantizers", "is_compressed"]
+__all__ = ["CODECS", "Codebooks", "IDENTITY", "OPQ", "RESIDUAL", "RQ", "TokenCodec", "codec_from_manifest",
+           "codec_options", "code_size", "default_pq_subquantizers", "is_compressed"]

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._io import evict_from_page_cache
-from .codecs import codec_from_manifest
+from .codecs import Codebooks, codec_from_manifest
 from .format import (
     CODEC,
     CODEC_PARAMETER_DTYPE,
@@ -263,6 +263,13 @@ class SidecarReader(ManifestMetadata):
         return self.codec.rotation if self.manifest.compressed else None
 
     @property
+    def store_codebooks(self) -> Codebooks | None:
+        """The codebooks of an ``rq`` sidecar (and its norm levels when its codes end in a norm byte), whose codes
+        (:meth:`get_spans` with ``codes=True``) a model can score through look-up tables without decoding them;
+        ``None`` for every other store."""
+        return self.codec.codebooks if self.manifest.compressed else None
+
+    @property
     def bytes_per_doc(self) -> float:
         """Mean bytes of token vectors per document (``tokens.bin`` size / ``num_docs``)."""
         return self.manifest.files[TOKENS].bytes / max(1, self.num_docs)
@@ -391,13 +398,15 @@ class SidecarReader(ManifestMetadata):
 
     def get_spans(self, starts: np.ndarray, lengths: np.ndarray, device: str | torch.device = "cpu",
                   dtype: torch.dtype | str | None = "float32", buffer: BatchBuffer | None = None,
-                  heads: int | None = None, rotated: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                  heads: int | None = None, rotated: bool = False,
+                  codes: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`get_batch` of token spans (``tokens[starts[i]:starts[i] + lengths[i]]``, e.g. from
         :meth:`window_spans`) instead of rows."""
         import torch
 
         if rotated and self.store_rotation is None:
             raise ValueError(f"sidecar {self.path} has no rotated frame (only an opq codec has one)")
+        check_code_read(self, codes, heads, rotated)
         starts = np.asarray(starts, dtype=np.int64)
         lengths = np.asarray(lengths, dtype=np.int64)
         if len(starts) and (starts.min() < 0 or int((starts + lengths).max()) > self.num_tokens):
@@ -405,6 +414,9 @@ class SidecarReader(ManifestMetadata):
         check_heads(heads, self.dim)
         max_len = int(lengths.max()) if len(starts) else 0
         self._check_tokens(starts, lengths)
+        if codes:
+            return self._gather_padded(starts, lengths, max_len, buffer).to(device), \
+                torch.from_numpy(lengths.astype(np.int64)).to(device)
         if self.manifest.compressed:  # codes are decoded token-major, then transposed
             padded = self._gather_padded(starts, lengths, max_len, buffer)
             padded = torch.from_numpy(self._decode_padded(padded.numpy(), lengths, rotated))
@@ -423,7 +435,8 @@ class SidecarReader(ManifestMetadata):
 
     def get_batch(self, rows: Sequence[int] | np.ndarray, device: str | torch.device = "cpu",
                   dtype: torch.dtype | str | None = "float32", buffer: BatchBuffer | None = None,
-                  heads: int | None = None, rotated: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                  heads: int | None = None, rotated: bool = False,
+                  codes: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Zero-padded vectors of ``rows`` (any order, repeats allowed) for scoring.
 
         Args:
@@ -439,6 +452,9 @@ class SidecarReader(ManifestMetadata):
                 attention reads contiguous keys without a transposing copy of the batch.
             rotated: the vectors of an ``opq`` sidecar in its codec's rotated frame, not rotated back (see
                 :attr:`store_rotation`), for a consumer that folds the rotation into its own vectors.
+            codes: the stored codes of an ``rq`` sidecar, undecoded, as ``docs [B, Lmax, code_size]`` uint8 (zero
+                after each length; ``dtype`` does not apply), for a consumer that scores them through look-up tables
+                (see :attr:`store_codebooks`).
 
         Returns:
             ``docs [B, Lmax, dim]`` (or head-major, above) with zeros after each document's length, and
@@ -448,7 +464,7 @@ class SidecarReader(ManifestMetadata):
         rows = self._check_rows(rows)
         starts = np.asarray(self.offsets[rows])
         lengths = np.asarray(self.offsets[rows + 1]) - starts
-        return self.get_spans(starts, lengths, device, dtype, buffer, heads, rotated)
+        return self.get_spans(starts, lengths, device, dtype, buffer, heads, rotated, codes)
 
     def _gather_padded(self, starts: np.ndarray, lengths: np.ndarray, max_len: int,
                        buffer: BatchBuffer | None, heads: int | None = None) -> torch.Tensor:
@@ -658,6 +674,16 @@ def head_major(docs: torch.Tensor, heads: int) -> torch.Tensor:
 def check_heads(heads: int | None, dim: int) -> None:
     if heads is not None and (heads <= 0 or dim % heads):
         raise ValueError(f"cannot split {dim}-wide stored vectors into {heads} equal heads")
+
+
+def check_code_read(reader, codes: bool, heads: int | None, rotated: bool) -> None:
+    """A read of undecoded codes needs a store of codebooks (``rq``) and takes neither ``heads`` nor ``rotated``."""
+    if not codes:
+        return
+    if reader.store_codebooks is None:
+        raise ValueError(f"sidecar {reader.path} stores no codes scored by look-up tables (only an rq codec's are)")
+    if heads is not None or rotated:
+        raise ValueError("codes are read as stored: without heads or a rotated frame")
 
 
 class BatchBuffer:

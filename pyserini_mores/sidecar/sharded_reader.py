@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .codecs import Codebooks
 from .format import (
     MANIFEST,
     SidecarContentMismatchError,
@@ -23,6 +24,7 @@ from .reader import (
     BatchBuffer,
     ManifestMetadata,
     SidecarReader,
+    check_code_read,
     check_heads,
     checked_rows,
     head_major,
@@ -162,24 +164,43 @@ class ShardedSidecarReader(ManifestMetadata):
             self._store_rotation = rotations[0] if shared else None
         return self._store_rotation
 
+    @property
+    def store_codebooks(self) -> Codebooks | None:
+        """The codebooks every shard's ``rq`` codec shares (see :attr:`SidecarReader.store_codebooks`); ``None`` when
+        a shard has none or the shards' codecs were trained apart (their codes index other codebooks)."""
+        if not hasattr(self, "_store_codebooks"):  # the shards' codecs never change: compared once
+            codebooks = [shard.store_codebooks for shard in self.shards]
+            first = codebooks[0] if codebooks else None
+            shared = first is not None and all(
+                books is not None and np.array_equal(first.entries, books.entries)
+                and (first.norm_levels is None) == (books.norm_levels is None)
+                and (first.norm_levels is None or np.array_equal(first.norm_levels, books.norm_levels))
+                for books in codebooks)
+            self._store_codebooks = codebooks[0] if shared else None
+        return self._store_codebooks
+
     def get_batch(self, rows: Sequence[int] | np.ndarray, device: str | torch.device = "cpu",
                   dtype: torch.dtype | str | None = "float32", buffer: BatchBuffer | None = None,
-                  heads: int | None = None, rotated: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """Zero-padded ``docs [B, Lmax, dim]`` (or head-major) and ``lengths [B]`` of ``rows``, exactly as
+                  heads: int | None = None, rotated: bool = False,
+                  codes: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Zero-padded ``docs [B, Lmax, dim]`` (or head-major, or codes) and ``lengths [B]`` of ``rows``, exactly as
         :meth:`SidecarReader.get_batch` gives them for an unsharded sidecar (rows may span shards). ``buffer`` is
         used when the rows come from one shard (batches spanning shards are assembled in fresh memory)."""
 
         rows = self._check_rows(rows)
         check_heads(heads, self.dim)
         self._check_rotated(rotated)
+        check_code_read(self, codes, heads, rotated)
         split = self._split(rows)
         if len(split) == 1:  # every row in one shard, in input order: its batch is already the answer
             shard, _, local = split[0]
-            return shard.get_batch(local, device, dtype, buffer, heads, rotated)
-        parts = [(where, *shard.get_batch(local, dtype=None, rotated=rotated)) for shard, where, local in split]
+            return shard.get_batch(local, device, dtype, buffer, heads, rotated, codes)
+        parts = [(where, *shard.get_batch(local, dtype=None, rotated=rotated, codes=codes))
+                 for shard, where, local in split]
         if not parts:  # no rows: the empty batch of the stored dtype
-            return self._joined([self.shards[0].get_batch(rows, dtype=None)], len(rows), device, dtype, heads)
-        return self._joined(parts, len(rows), device, dtype, heads)
+            return self._joined([self.shards[0].get_batch(rows, dtype=None, codes=codes)], len(rows), device,
+                                dtype, heads, codes)
+        return self._joined(parts, len(rows), device, dtype, heads, codes)
 
     # ---- windows -------------------------------------------------------------------------------------------------
     @property
@@ -220,13 +241,15 @@ class ShardedSidecarReader(ManifestMetadata):
 
     def get_spans(self, starts: np.ndarray, lengths: np.ndarray, device: str | torch.device = "cpu",
                   dtype: torch.dtype | str | None = "float32", buffer: BatchBuffer | None = None,
-                  heads: int | None = None, rotated: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                  heads: int | None = None, rotated: bool = False,
+                  codes: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`SidecarReader.get_spans` of spans from :meth:`window_spans` (spans may lie in several shards)."""
 
         starts = np.asarray(starts, dtype=np.int64)
         lengths = np.asarray(lengths, dtype=np.int64)
         check_heads(heads, self.dim)
         self._check_rotated(rotated)
+        check_code_read(self, codes, heads, rotated)
         if len(starts) and (starts.min() < 0 or int((starts + lengths).max()) > self.num_tokens):
             raise IndexError(f"token spans reach beyond the {self.num_tokens} tokens of sidecar {self.path}")
         # A span lies in the first shard ending after its start (an empty span at the very end: the last shard).
@@ -236,29 +259,31 @@ class ShardedSidecarReader(ManifestMetadata):
                  for shard, where in split]
         if len(split) == 1:
             shard, _, local = split[0]
-            return shard.get_spans(local, lengths, device, dtype, buffer, heads, rotated)
-        parts = [(where, *shard.get_spans(local, lengths[where], dtype=None, rotated=rotated))
+            return shard.get_spans(local, lengths, device, dtype, buffer, heads, rotated, codes)
+        parts = [(where, *shard.get_spans(local, lengths[where], dtype=None, rotated=rotated, codes=codes))
                  for shard, where, local in split]
         if not parts:
-            return self._joined([self.shards[0].get_spans(starts, lengths, dtype=None)], len(starts), device, dtype,
-                                heads)
-        return self._joined(parts, len(starts), device, dtype, heads)
+            return self._joined([self.shards[0].get_spans(starts, lengths, dtype=None, codes=codes)], len(starts),
+                                device, dtype, heads, codes)
+        return self._joined(parts, len(starts), device, dtype, heads, codes)
 
     def _check_rotated(self, rotated: bool) -> None:
         if rotated and self.store_rotation is None:
             raise ValueError(f"sharded sidecar {self.path} has no rotated frame its shards share (only opq codecs "
                              "trained once for every shard have one)")
 
-    def _joined(self, parts: list, count: int, device, dtype, heads: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _joined(self, parts: list, count: int, device, dtype, heads: int | None,
+                codes: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """One padded batch of ``count`` items from each shard's part ``(where, docs, lengths)`` (``where``: the
-        part's positions in the batch; a lone ``(docs, lengths)`` is the whole, empty batch), on ``device``."""
+        part's positions in the batch; a lone ``(docs, lengths)`` is the whole, empty batch), on ``device``; codes
+        (``codes``) as they are, in no other dtype."""
         import torch
 
         if len(parts[0]) == 2:
             docs, lengths = parts[0]
         else:
             max_len = max(part_docs.shape[1] for _, part_docs, _ in parts)
-            docs = torch.zeros((count, max_len, self.dim), dtype=parts[0][1].dtype)
+            docs = torch.zeros((count, max_len, parts[0][1].shape[-1]), dtype=parts[0][1].dtype)
             lengths = torch.empty(count, dtype=torch.int64)
             for where, part_docs, part_lengths in parts:
                 index = torch.from_numpy(where)
@@ -267,7 +292,7 @@ class ShardedSidecarReader(ManifestMetadata):
         if heads is not None:
             docs = head_major(docs, heads)
         docs = docs.to(device)
-        if dtype is not None:
+        if dtype is not None and not codes:
             docs = docs.to(torch_dtype(dtype))
         return docs, lengths.to(device)
 

@@ -104,7 +104,8 @@ class SidecarWriter:
             first documents added (they wait in memory until its sample is full, or until :meth:`finalize`), or on a
             sample given to :meth:`train_codec` before them, then every document is encoded.
         codec_options: ``pq_subquantizers`` (PQ's M), ``nbits``, ``num_centroids``, ``residual_dims`` (the residual
-            codec's), ``rq_codebooks`` (the rq codec's M), ``sample_tokens`` (see :class:`.codecs.TokenCodec`).
+            codec's), ``rq_codebooks`` and ``rq_norms`` (the rq codec's M and norm byte), ``sample_tokens`` (see
+            :class:`.codecs.TokenCodec`).
         windows: how the build cut documents into windows (:mod:`pyserini_mores.windows`): ``window`` and
             ``stride`` in tokens, ``max_windows``, and ``capacity`` (the tokens the model reads of one); default one
             window per document, with window, stride and capacity not recorded (null).

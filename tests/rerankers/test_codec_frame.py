@@ -168,9 +168,10 @@ def test_a_frame_is_refused_where_there_is_no_rotation(tmp_path, tokenizer, text
         TokenCodec("sq8", 4).decode(np.zeros((1, 4), dtype=np.uint8), rotated=True)
 
 
-def _sharded(tmp_path: Path, model, texts: list[str], codec_parameters: np.ndarray) -> Path:
-    """Two opq shards of ``texts``, both adopting the codec of ``codec_parameters`` (as a sharded build's shards adopt
-    the one codec trained for them)."""
+def _sharded(tmp_path: Path, model, texts: list[str], codec_parameters: np.ndarray, codec: str = "opq",
+             options: dict | None = None) -> Path:
+    """Two shards of ``texts`` (opq by default), both adopting the codec of ``codec_parameters`` (as a sharded
+    build's shards adopt the one codec trained for them)."""
     with torch.no_grad():
         reps = [rep.float() for rep in model.encode_documents(model.tokenize_documents(texts))]
     docids = [f"d{i}" for i in range(len(texts))]
@@ -179,8 +180,8 @@ def _sharded(tmp_path: Path, model, texts: list[str], codec_parameters: np.ndarr
         writer = SidecarWriter(tmp_path / f"shard-{number}", dim=model.store_width, docids=docids[start:end],
                                model={"model_type": model.model_type, "store_variant": model.store_variant,
                                       "fingerprint": model.store_fingerprint()},
-                               index={"num_docs": len(texts), "signature": "test:frame"}, codec="opq",
-                               codec_options=OPQ,
+                               index={"num_docs": len(texts), "signature": "test:frame"}, codec=codec,
+                               codec_options=options or OPQ,
                                shard={"build_id": "frame", "index": number, "count": 2, "row_start": start,
                                       "row_end": end, "num_docs": len(texts)})
         writer.adopt_codec(codec_parameters)

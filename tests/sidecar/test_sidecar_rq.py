@@ -199,3 +199,74 @@ def test_manifest_codec_values_out_of_range_are_refused_at_open(tmp_path, capsys
     assert sidecar_main(["transcode", str(path), "--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and message in err
+
+
+# ---- the norm byte ---------------------------------------------------------------------------------------------------
+def test_codes_with_norms_end_in_the_nearest_level_of_their_vectors_norm():
+    vectors = _vectors(6000)
+    plain, with_norms = ResidualVectorQuantizer(DIM, M), ResidualVectorQuantizer(DIM, M, norms=True)
+    plain.train(vectors[:5000])
+    with_norms.train(vectors[:5000])
+    assert with_norms.code_size == M + 1 and with_norms.options == {"rq_codebooks": M, "rq_norms": 1}
+    assert with_norms.parameter_count == plain.parameter_count + 2
+    codes = with_norms.encode(vectors[5000:])
+    np.testing.assert_array_equal(codes[:, :M], plain.encode(vectors[5000:]))  # the same codebooks, same entries
+    decoded = _decode(with_norms, codes)  # the norm byte is not decoded
+    np.testing.assert_array_equal(decoded, _decode(plain, codes[:, :M]))
+    levels = with_norms.norm_levels
+    assert levels.shape == (256,) and np.all(np.diff(levels) > 0)
+    lowest, highest = with_norms.norm_range
+    assert levels[0] == np.float32(lowest) and levels[-1] == np.float32(highest)
+    norms = np.linalg.norm(decoded, axis=1)
+    inside = (norms >= lowest) & (norms <= highest)
+    assert inside.mean() > 0.95
+    nearest = np.abs(norms[:, None] - levels[None, :]).argmin(1)
+    assert np.abs(codes[inside, M].astype(int) - nearest[inside]).max() <= 1  # a tie may round either way
+    assert np.abs(levels[codes[inside, M]] - norms[inside]).max() <= (highest - lowest) / 255 / 2 + 1e-6
+    assert np.all(codes[norms < lowest, M] == 0) and np.all(codes[norms > highest, M] == 255)  # clamped
+    fresh = ResidualVectorQuantizer(DIM, M, norms=True)
+    fresh.load_parameters(with_norms.parameters())
+    np.testing.assert_array_equal(fresh.norm_levels, levels)
+    np.testing.assert_array_equal(fresh.encode(vectors[5000:]), codes)
+
+
+def test_a_norm_range_out_of_order_is_refused():
+    codec = ResidualVectorQuantizer(DIM, M, norms=True)
+    codec.train(_vectors(3000))
+    parameters = codec.parameters()
+    for lowest, highest in ((1.0, 0.5), (-0.1, 1.0), (0.7, 0.7)):
+        damaged = parameters.copy()
+        damaged[-2:] = lowest, highest
+        with pytest.raises(SidecarCorruptError, match=re.escape(f"the rq codec's norm range [{np.float32(lowest)}, "
+                                                                f"{np.float32(highest)}] is not 0 <= lowest < "
+                                                                "highest")):
+            ResidualVectorQuantizer(DIM, M, norms=True).load_parameters(damaged)
+
+
+def test_the_norm_option_and_its_flag(tmp_path, capsys):
+    assert code_size("rq", 384, rq_codebooks=47, rq_norms=1) == 48
+    assert codec_options("rq", rq_codebooks=47, rq_norms=True) == {"rq_codebooks": 47, "rq_norms": 1}
+    with pytest.raises(ValueError, match="--rq-norms applies to --codec rq, not opq"):
+        codec_options("opq", rq_norms=True)
+    with pytest.raises(ValueError, match="rq_norms is 1 \\(a norm byte\\) when given, not 2"):
+        TokenCodec("rq", DIM, rq_norms=2)
+    writer = SidecarWriter(tmp_path / "src", dim=DIM, docids=DOCIDS, model=MODEL, index=INDEX, dtype="float32")
+    writer.add(_documents())
+    writer.finalize()
+    assert sidecar_main(["transcode", str(tmp_path / "src"), "--output", str(tmp_path / "rq"), "--codec", "rq",
+                         "--rq-codebooks", "7", "--rq-norms"]) == 0
+    assert "8 bytes/token" in capsys.readouterr().out
+    with open_sidecar(tmp_path / "rq") as reader:
+        assert reader.manifest.codec["options"] == {"sample_tokens": 65536, "rq_codebooks": 7, "rq_norms": 1}
+        books = reader.store_codebooks
+        assert books.entries.shape == (7, 256, DIM) and books.norm_levels.shape == (256,)
+        codes, lengths = reader.get_batch([2, 9], codes=True)
+        decoded, _ = reader.get_batch([2, 9])
+        for slot in range(2):
+            norms = np.linalg.norm(decoded[slot, :lengths[slot]].numpy(), axis=1)
+            stored = books.norm_levels[codes[slot, :lengths[slot], 7].numpy()]
+            assert np.abs(stored - norms).max() <= (books.norm_levels[1] - books.norm_levels[0]) / 2 + 1e-6
+    assert sidecar_main(["transcode", str(tmp_path / "src"), "--output", str(tmp_path / "bad"), "--codec", "opq",
+                         "--rq-norms"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "--rq-norms applies to --codec rq, not opq" in err

@@ -1,0 +1,164 @@
+"""Reranking TK from an rq sidecar whose codes end in a norm byte, through look-up tables: each query term's inner
+product with every codebook entry is tabled once per query, and a stored term's cosines are the sums of its code's
+entries over its stored norm, never decoded. The scores must equal TK's on the decoded terms with those norms, and
+come within the norm byte's rounding of TK on the decoded terms; every candidate must be scored with its own codes;
+other models, codecs and rq codes without norms read decoded vectors as before; and a sharded sidecar scores codes
+only when its shards share one codec."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_codec_frame import QUERY, _candidates, _model, _scores, _sharded, _sidecar, texts  # noqa: F401
+
+from pyserini_mores.rerankers.learned import ModelReranker
+from pyserini_mores.sidecar import open_sidecar
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+RQ = {"rq_codebooks": 4, "rq_norms": 1}
+
+
+def _stored_norms(sidecar, rows) -> torch.Tensor:
+    """``[B, Lmax]``: the norm each stored code's last byte stands for."""
+    codes, _ = sidecar.get_batch(np.asarray(rows), codes=True)
+    return torch.from_numpy(sidecar.store_codebooks.norm_levels)[codes[..., -1].long()]
+
+
+def _scores_with_stored_norms(model, sidecar, rows) -> np.ndarray:
+    """TK's scores of the decoded rows ``x̂``, their cosines taken over the norms the codes store."""
+    with torch.no_grad():
+        state = model.encode_query(model.tokenize_queries([QUERY]))
+        docs, lengths = sidecar.get_batch(np.asarray(rows))
+        return model.score(state, docs, lengths, norms=_stored_norms(sidecar, rows)).float().numpy()
+
+
+def _decoded_scores(model, sidecar, rows) -> np.ndarray:
+    with torch.no_grad():
+        state = model.encode_query(model.tokenize_queries([QUERY]))
+        return model.score(state, *sidecar.get_batch(np.asarray(rows))).float().numpy()
+
+
+@pytest.fixture
+def tk_rq(tmp_path, tokenizer, texts):  # noqa: F811
+    model = _model("tk", tokenizer)
+    return model, _sidecar(tmp_path, model, texts, codec="rq", options=RQ)
+
+
+def test_codes_read_undecoded_are_the_stored_codes(tk_rq):
+    _, sidecar = tk_rq
+    rows = np.array([3, 0, 17, 39, 3])
+    codes, lengths = sidecar.get_batch(rows, codes=True)
+    assert codes.dtype == torch.uint8 and codes.shape == (5, int(lengths.max()), 5)  # 4 codebooks, the norm
+    tokens = np.asarray(sidecar.tokens)
+    for position, row in enumerate(rows):
+        start, length = int(sidecar.offsets[row]), int(lengths[position])
+        np.testing.assert_array_equal(codes[position, :length].numpy(), tokens[start:start + length])
+        assert not codes[position, length:].any()
+    decoded, _ = sidecar.get_batch(rows)
+    books = sidecar.store_codebooks
+    entries, levels = torch.from_numpy(books.entries), torch.from_numpy(books.norm_levels)
+    summed = entries[torch.arange(4), codes[..., :4].long()].sum(-2)  # [B, L, dim]: one entry of each, summed
+    step = float(levels[1] - levels[0])
+    for position, length in enumerate(lengths.tolist()):
+        torch.testing.assert_close(summed[position, :length], decoded[position, :length], rtol=1e-5, atol=1e-6)
+        true_norms = torch.linalg.vector_norm(decoded[position, :length], dim=-1)
+        stored = levels[codes[position, :length, 4].long()]
+        assert (stored - true_norms).abs().max() <= step / 2 + 1e-6  # the nearest of 256 levels
+
+
+def test_tk_scores_codes_as_the_decoded_unit_terms(tk_rq, texts):  # noqa: F811
+    model, sidecar = tk_rq
+    with torch.no_grad():
+        state = model.encode_query(model.tokenize_queries([QUERY]))
+        tables = model.code_tables(state, torch.from_numpy(sidecar.store_codebooks.entries))
+        rows = np.arange(len(texts))
+        codes, lengths = sidecar.get_batch(rows, codes=True)
+        norms = _stored_norms(sidecar, rows)
+        got = model.score_codes(tables, codes[..., :4], lengths, norms).numpy()
+        want = _scores_with_stored_norms(model, sidecar, rows)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        spread = want.max() - want.min()
+        assert spread > 0.1
+        # the stored norms are the decoded terms' own, to the byte's rounding
+        np.testing.assert_allclose(got, _decoded_scores(model, sidecar, rows), atol=0.02 * spread)
+        # each candidate's own codes: scoring the batch's codes in another order gives the scores in that order
+        order = torch.from_numpy(np.random.default_rng(0).permutation(len(rows)))
+        shuffled = model.score_codes(tables, codes[order, :, :4], lengths[order], norms[order])
+        np.testing.assert_allclose(shuffled.numpy(), got[order], rtol=1e-6)
+        assert np.abs(got[order] - got).max() > 1e-2
+
+
+def test_the_reranker_scores_tk_from_codes_without_decoding(tk_rq, texts, monkeypatch):  # noqa: F811
+    model, sidecar = tk_rq
+    reads = []
+    read = type(sidecar).get_spans
+    monkeypatch.setattr(type(sidecar), "get_spans",
+                        lambda self, *a, **k: reads.append(k.get("codes", False)) or read(self, *a, **k))
+    reranker = ModelReranker(model, sidecar, batch_size=7, device="cpu", precision="fp32")
+    assert reranker.scores_codes
+    got = _scores(reranker, texts)
+    assert reads and all(reads)  # every batch read as codes: nothing decoded
+    rows = np.arange(len(texts))
+    np.testing.assert_allclose(got, _scores_with_stored_norms(model, sidecar, rows), rtol=1e-4, atol=1e-4)
+    assert reranker._store_codebooks(reranker.scoring_model) is reranker._store_codebooks(reranker.scoring_model)
+    # decoding instead (a model that does not score codes) divides by each decoded term's own norm: within the
+    # norm byte's rounding of the tables
+    decoded = ModelReranker(model, sidecar, batch_size=7, device="cpu", precision="fp32")
+    monkeypatch.setattr(type(model), "scores_codes", False)
+    assert not decoded.scores_codes
+    reads.clear()
+    normalised = _scores(decoded, texts)
+    assert reads and not any(reads)
+    np.testing.assert_allclose(normalised, _decoded_scores(model, sidecar, rows), rtol=1e-4, atol=1e-4)
+    assert 0 < np.abs(normalised - got).max() < 0.02 * (got.max() - got.min())
+
+
+@pytest.mark.parametrize("kind", ["maxsim-rq", "tk-opq", "tk-rq without norms"])
+def test_other_models_and_codecs_read_decoded_vectors(kind, tmp_path, tokenizer, texts):  # noqa: F811
+    name, codec = kind.split()[0].split("-")
+    model = _model(name, tokenizer)
+    options = {"rq_codebooks": 4} if "without" in kind else RQ if codec == "rq" else None
+    sidecar = _sidecar(tmp_path, model, texts, codec=codec, options=options)
+    assert (sidecar.store_codebooks is None) == (codec != "rq")
+    reranker = ModelReranker(model, sidecar, batch_size=7, device="cpu", precision="fp32")
+    assert not reranker.scores_codes
+    np.testing.assert_allclose(_scores(reranker, texts), _decoded_scores(model, sidecar, np.arange(len(texts))),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_codes_are_refused_where_there_are_no_codebooks(tmp_path, tokenizer, texts):  # noqa: F811
+    model = _model("tk", tokenizer)
+    for codec in ("opq", None):
+        sidecar = _sidecar(tmp_path, model, texts, codec=codec)
+        with pytest.raises(ValueError, match=r"sidecar .* stores no codes scored by look-up tables \(only an rq "
+                                             r"codec's are\)"):
+            sidecar.get_batch([0, 1], codes=True)
+    sidecar = _sidecar(tmp_path, model, texts, codec="rq", options=RQ)
+    with pytest.raises(ValueError, match="codes are read as stored: without heads or a rotated frame"):
+        sidecar.get_batch([0, 1], codes=True, heads=2)
+
+
+def test_a_sharded_sidecar_scores_the_codes_of_the_codec_its_shards_share(tmp_path, tokenizer, texts):  # noqa: F811
+    model = _model("tk", tokenizer)
+    whole = _sidecar(tmp_path, model, texts, codec="rq", options=RQ)
+    sharded = open_sidecar(_sharded(tmp_path, model, texts, whole.codec.parameters(), codec="rq", options=RQ),
+                           expect_model_fingerprint=model.store_fingerprint())
+    np.testing.assert_array_equal(sharded.store_codebooks.entries, whole.store_codebooks.entries)
+    np.testing.assert_array_equal(sharded.store_codebooks.norm_levels, whole.store_codebooks.norm_levels)
+    rows = [0, 25, 3, 39, 20, 19]  # across the shard boundary
+    codes, lengths = sharded.get_batch(rows, codes=True)
+    want, want_lengths = whole.get_batch(rows, codes=True)
+    assert torch.equal(codes, want) and torch.equal(lengths, want_lengths)
+    reranker = ModelReranker(model, sharded, batch_size=7, device="cpu", precision="fp32")
+    assert reranker.scores_codes
+    np.testing.assert_allclose(_scores(reranker, texts),
+                               _scores_with_stored_norms(model, whole, np.arange(len(texts))), rtol=1e-4, atol=1e-4)
+    # shards whose codebooks differ (assembled by an older version) never have their codes scored by one table
+    other = np.random.default_rng(1).standard_normal(sharded.store_codebooks.entries.size).astype(np.float32)
+    import faiss
+
+    faiss.copy_array_to_vector(other, sharded.shards[1].codec._rq._rq.codebooks)
+    del sharded._store_codebooks
+    assert sharded.store_codebooks is None
+    assert not ModelReranker(model, sharded, batch_size=7, device="cpu", precision="fp32").scores_codes
