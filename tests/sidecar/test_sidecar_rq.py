@@ -185,6 +185,8 @@ def test_a_damaged_codec_file_is_refused_at_open_with_one_line_and_exit_2(tmp_pa
     ({"rq_codebooks": True}, "option 'rq_codebooks' is True, not a positive integer"),
     ({"rq_codebooks": 8}, "has 32768 parameters, the manifest records 16384"),
     ({"pq_subquantizers": 4}, "pq_subquantizers applies to the pq codec, not rq"),
+    ({"rq_norms": 2}, "rq_norms is 1 (a norm byte) when given, not 2"),
+    ({"rq_norms": 1}, "has 16386 parameters, the manifest records 16384"),
 ])
 def test_manifest_codec_values_out_of_range_are_refused_at_open(tmp_path, capsys, options, message):
     path = tmp_path / "sc"
