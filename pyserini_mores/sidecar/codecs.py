@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ._training import warn_if_few_training_points
 from .format import CODE_DTYPE, CODEC_DTYPES, CODEC_PARAMETER_DTYPE, SidecarCorruptError, checked_codec_parameters
 from .opq import OptimizedProductQuantizer
 from .residual import DEFAULT_NUM_CENTROIDS, ResidualQuantizer
@@ -35,7 +36,6 @@ CODECS = (IDENTITY, *CODEC_DTYPES)
 # faiss ScalarQuantizer types; codes are packed, so 6 bits per value cost 6/8 of a byte.
 _SCALAR_TYPES = {"sq8": "QT_8bit", "sq6": "QT_6bit", "sq4": "QT_4bit"}
 PQ_BITS = 8  # 256 centroids per sub-quantiser: one byte per code, the layout faiss decodes fastest
-PQ_POINTS_PER_CENTROID = 39  # below this many training points per centroid k-means is poorly fit (faiss's advice)
 # The training sample: the first tokens written, up to this many bytes of float32 (and never more than
 # DEFAULT_SAMPLE_TOKENS). PQ's k-means wants >= 39 x 256 points per sub-quantiser; faiss subsamples to 256 x 256.
 DEFAULT_SAMPLE_TOKENS = 65536
@@ -215,10 +215,7 @@ class TokenCodec:
             return
         self._index = self._new_index()
         if self.name == "pq":
-            wanted = PQ_POINTS_PER_CENTROID * 2 ** PQ_BITS
-            if len(sample) < wanted:
-                logger.warning("training the pq codec on %d token vectors (k-means fits 256 centroids well from "
-                               "%d on): expect a larger reconstruction error", len(sample), wanted)
+            warn_if_few_training_points("pq", len(sample))
             self._index.pq.cp.min_points_per_centroid = 1  # warned above, once, through logging
         self._index.train(sample)
         self.trained_on = len(sample)

@@ -23,19 +23,16 @@ The trained parameters are one flat float32 vector (``codec.bin``): the rotation
 """
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import numpy as np
 
+from ._training import require_training_points
 from .format import CODE_DTYPE, SidecarCorruptError, checked_codec_parameters
-
-logger = logging.getLogger(__name__)
 
 BITS = 8  # 256 centroids per sub-quantiser: one byte per code
 ITERATIONS = 25  # faiss OPQMatrix's alternations of PQ training and rotation update
 ORTHOGONALITY_TOLERANCE = 1e-3  # |R Rᵀ - I| bound of a stored rotation; a trained one is within ~1e-6
-POINTS_PER_CENTROID = 39  # below this many training points per centroid k-means is poorly fit (faiss's advice)
 
 
 class OptimizedProductQuantizer:
@@ -68,11 +65,7 @@ class OptimizedProductQuantizer:
         import faiss
 
         sample = np.ascontiguousarray(sample, dtype=np.float32)
-        if len(sample) < 2 ** BITS:
-            raise ValueError(f"the opq codec needs at least {2 ** BITS} token vectors to train, got {len(sample)}")
-        if len(sample) < POINTS_PER_CENTROID * 2 ** BITS:
-            logger.warning("training the opq codec on %d token vectors (k-means fits 256 centroids well from %d on): "
-                           "expect a larger reconstruction error", len(sample), POINTS_PER_CENTROID * 2 ** BITS)
+        require_training_points("opq", len(sample))
         opq = faiss.OPQMatrix(self.dim, self.subquantizers)
         opq.niter = ITERATIONS
         opq.max_train_points = len(sample)

@@ -22,20 +22,17 @@ The trained parameters are one flat float32 vector (``codec.bin``): the codebook
 """
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import numpy as np
 
+from ._training import require_training_points
 from .format import CODE_DTYPE, SidecarCorruptError, checked_codec_parameters
-
-logger = logging.getLogger(__name__)
 
 BITS = 8  # 256 entries per codebook: one byte per code
 BEAM_WIDTH = 1  # greedy encoding: faiss's default of 5 costs five times as much for a small gain
 KMEANS_ITERATIONS = 10  # per codebook
 MAX_CODEBOOKS = 256
-POINTS_PER_CENTROID = 39  # below this many training points per centroid k-means is poorly fit (faiss's advice)
 NORM_LEVELS = 256  # one byte per quantised norm
 NORM_SPAN_MIN = 1e-6  # a sample whose reconstructions all have one norm still gets a range to quantise into
 
@@ -97,11 +94,7 @@ class ResidualVectorQuantizer:
     def train(self, sample: np.ndarray) -> None:
         """Fit the codebooks, one after the other, to ``sample [n, dim]``."""
         sample = np.ascontiguousarray(sample, dtype=np.float32)
-        if len(sample) < 2 ** BITS:
-            raise ValueError(f"the rq codec needs at least {2 ** BITS} token vectors to train, got {len(sample)}")
-        if len(sample) < POINTS_PER_CENTROID * 2 ** BITS:
-            logger.warning("training the rq codec on %d token vectors (k-means fits 256 centroids well from %d on): "
-                           "expect a larger reconstruction error", len(sample), POINTS_PER_CENTROID * 2 ** BITS)
+        require_training_points("rq", len(sample))
         rq = self._new()
         rq.train(sample)
         self._rq = rq
