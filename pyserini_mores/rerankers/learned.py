@@ -8,7 +8,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -432,11 +432,6 @@ class ModelReranker(Reranker):
             self.sidecar.prefetch(rows)
         starts, lengths_of_windows, owners = self.sidecar.window_spans(rows, first_only=how == "firstp")
         query_state = model.encode_query(self._on_device(model.tokenize_queries([query])))
-        frame = self._store_frame(model)
-        if frame is not None:  # the codec's rotation is folded into the query side: codes decode without it
-            query_state = model.query_in_frame(query_state, frame)
-        books = None if cls else self._store_codebooks(model)
-        tables = None if books is None else model.code_tables(query_state, books[0])  # codes never decoded
         width = (model.config.encoder.hidden_size,) if cls else ()
         window_scores = torch.empty((len(starts), *width))
         # Group windows of similar length so batches carry little padding: all of them, or under a deadline
@@ -447,25 +442,41 @@ class ModelReranker(Reranker):
         else:
             chunks = (start + np.argsort(lengths_of_windows[start:stop], kind="stable")
                       for start, stop in self._batches(len(starts), deadline, per_candidate_ms, batch_size, pace))
-        buffer = self._batch_buffer()
-        score = model.score_cls if cls else model.score
+        score_spans = self._span_scorer(model, query_state, cls, self._batch_buffer())
         scored = 0
         for chunk in chunks:
-            if tables is not None:
-                codes, lengths = self._read_codes(starts[chunk], lengths_of_windows[chunk], buffer)
-                codebook_count = books[0].shape[0]  # a code: one byte per codebook, then the norm's
-                norms = books[1][codes[..., codebook_count].long()]
-                window_scores[torch.from_numpy(chunk)] = model.score_codes(
-                    tables, codes[..., :codebook_count], lengths, norms).float().cpu()
-                scored += len(chunk)
-                continue
-            # Under bf16 the stored rows go straight to bf16: no fp32 copy of the candidates is ever made.
-            docs, lengths = self._read_spans(starts[chunk], lengths_of_windows[chunk],
-                                             PRECISIONS[self.precision] or torch.float32, buffer=buffer,
-                                             heads=model.stored_heads, rotated=frame is not None)
-            window_scores[torch.from_numpy(chunk)] = score(query_state, docs, lengths).float().cpu()
+            window_scores[torch.from_numpy(chunk)] = score_spans(starts[chunk], lengths_of_windows[chunk]).float().cpu()
             scored += len(chunk)
         return window_scores[:scored], owners
+
+    def _span_scorer(self, model: RankingModel, query_state, cls: bool,
+                     buffer: BatchBuffer) -> Callable[[np.ndarray, np.ndarray], torch.Tensor]:
+        """A function scoring the stored token spans ``(starts, lengths)`` of one batch for ``query_state`` (with
+        ``cls`` the head's inputs): through look-up tables on the undecoded codes where the model scores codes and
+        the store keeps their norms, else on the rows read (decoded where compressed, in the codec's rotated frame
+        where the model folds it)."""
+        frame = self._store_frame(model)
+        if frame is not None:  # the codec's rotation is folded into the query side: codes decode without it
+            query_state = model.query_in_frame(query_state, frame)
+        books = None if cls else self._store_codebooks(model)
+        if books is not None:  # codes never decoded
+            entries, norm_levels = books
+            tables = model.code_tables(query_state, entries)
+            codebook_count = entries.shape[0]  # a code: one byte per codebook, then the norm's
+
+            def score_codes(starts: np.ndarray, lengths: np.ndarray) -> torch.Tensor:
+                codes, lengths = self._read_codes(starts, lengths, buffer)
+                norms = norm_levels[codes[..., codebook_count].long()]
+                return model.score_codes(tables, codes[..., :codebook_count], lengths, norms)
+            return score_codes
+        score = model.score_cls if cls else model.score
+        dtype = PRECISIONS[self.precision] or torch.float32  # under bf16 rows go straight to bf16, no fp32 copy
+
+        def score_rows(starts: np.ndarray, lengths: np.ndarray) -> torch.Tensor:
+            docs, lengths = self._read_spans(starts, lengths, dtype, buffer=buffer, heads=model.stored_heads,
+                                             rotated=frame is not None)
+            return score(query_state, docs, lengths)
+        return score_rows
 
     def _window_texts(self, documents: list[str], first_only: bool = False) -> tuple[list[str], np.ndarray]:
         """The texts of ``documents``' windows (:attr:`text_windows`; only each one's first when ``first_only``)
