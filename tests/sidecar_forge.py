@@ -114,3 +114,25 @@ def assert_damaged_codec_refused(path: Path, damage: str, message: str, output: 
     assert re.search(message, err)
     if damage in ("bytes", "truncated"):
         assert sidecar_main(["verify", str(path)]) == 1
+
+
+def assert_codec_options_refused(path: Path, options: dict, message: str, output: Path, capsys) -> None:
+    """A manifest whose codec ``options`` are edited (and re-sealed, as a writer would have written them) is refused
+    when its codec is first read (``SidecarCorruptError`` with ``message`` verbatim) and by ``transcode`` in one
+    ``error:`` line with exit 2."""
+    import re
+
+    import pytest
+
+    from pyserini_mores.sidecar import SidecarCorruptError, open_sidecar
+    from pyserini_mores.sidecar.__main__ import main as sidecar_main
+
+    data = json.loads((path / MANIFEST).read_text())
+    data["codec"]["options"].update(options)
+    (path / MANIFEST).write_text(json.dumps(data))
+    reseal(path)  # the manifest checksum alone would refuse the edit
+    with pytest.raises(SidecarCorruptError, match=re.escape(message)):
+        open_sidecar(path).codec  # noqa: B018 - the codec is read when first used
+    assert sidecar_main(["transcode", str(path), "--output", str(output)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and message in err

@@ -9,7 +9,7 @@ import re
 
 import numpy as np
 import pytest
-from sidecar_forge import assert_damaged_codec_refused, damage_codec_file, reseal
+from sidecar_forge import assert_codec_options_refused, assert_damaged_codec_refused, damage_codec_file
 
 from pyserini_mores.sidecar import SidecarCorruptError, SidecarWriter, open_sidecar
 from pyserini_mores.sidecar.__main__ import main as sidecar_main
@@ -191,16 +191,7 @@ def test_a_damaged_codec_file_is_refused_at_open_with_one_line_and_exit_2(tmp_pa
 def test_manifest_codec_values_out_of_range_are_refused_at_open(tmp_path, capsys, options, message):
     path = tmp_path / "sc"
     _write(path, _documents())
-    manifest_path = path / "manifest.json"
-    manifest = json.loads(manifest_path.read_text())
-    manifest["codec"]["options"].update(options)
-    manifest_path.write_text(json.dumps(manifest))
-    reseal(path)  # as a writer would have sealed it: the manifest checksum alone would refuse the edit
-    with pytest.raises(SidecarCorruptError, match=re.escape(message)):
-        open_sidecar(path).codec  # noqa: B018 - the codec is read when first used
-    assert sidecar_main(["transcode", str(path), "--output", str(tmp_path / "out")]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and err.count("\n") == 1 and message in err
+    assert_codec_options_refused(path, options, message, tmp_path / "out", capsys)
 
 
 # ---- the norm byte ---------------------------------------------------------------------------------------------------
