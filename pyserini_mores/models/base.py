@@ -236,9 +236,12 @@ class RankingModel(nn.Module):
 
     #: True for a model that scores documents stored as additive codes without decoding them (:meth:`code_tables`,
     #: :meth:`score_codes`): one whose only use of a stored vector is its inner products with a few query vectors
-    #: looks them up, ``M`` per product, in a table of every query vector against every codebook entry (asymmetric
-    #: distance computation, Jégou et al., TPAMI 2011).
+    #: looks them up, ``M`` per product, in a table of every query vector against every codebook entry
+    #: (:mod:`.code_tables`).
     scores_codes = False
+    #: With :attr:`scores_codes`: True for a model that also needs each stored vector's norm (a cosine), which the
+    #: codes then carry (an ``rq`` store with norms); a store without them is read decoded.
+    code_scores_need_norms = False
 
     def code_tables(self, query_state: Any, codebooks: torch.Tensor) -> Any:
         """What :meth:`score_codes` needs, made once per query: each stored vector is the sum of one entry of each
@@ -247,10 +250,11 @@ class RankingModel(nn.Module):
         raise NotImplementedError(f"{type(self).__name__} scores decoded vectors only")
 
     def score_codes(self, tables: Any, codes: torch.Tensor, lengths: torch.Tensor,
-                    norms: torch.Tensor) -> torch.Tensor:
+                    norms: torch.Tensor | None = None) -> torch.Tensor:
         """``[B]`` scores of documents stored as ``codes [B, Lmax, M]`` (integer codebook entries, anything after
-        each of ``lengths [B]`` ignored) with the ``tables`` of :meth:`code_tables`, and the norms ``[B, Lmax]`` of
-        the vectors they decode to as the store gives them (a code's entries tell inner products, not norms)."""
+        each of ``lengths [B]`` ignored) with the ``tables`` of :meth:`code_tables`, and (where
+        :attr:`code_scores_need_norms`) the norms ``[B, Lmax]`` of the vectors they decode to as the store gives them
+        (a code's entries tell inner products, not norms)."""
         raise NotImplementedError(f"{type(self).__name__} scores decoded vectors only")
 
     def forward(self, query_batch: QueryBatch, doc_batch: DocBatch) -> torch.Tensor:

@@ -15,6 +15,7 @@ from torch import nn
 from ._layers import BertEncoder, key_padding_mask, load_bert_weights, rotated_rows
 from .backbones import DEFAULT_BACKBONE
 from .base import ModelCapabilities, RankingConfig, RankingModel
+from .code_tables import CodeTables, code_inner_products, query_code_tables
 from .loading import backbone_weights
 
 
@@ -72,6 +73,21 @@ class DualEncoder(RankingModel):
         query_vectors, query_mask = query_state
         return _maxsim(query_vectors, query_mask, docs.to(query_vectors.dtype), lengths)
 
+    scores_codes = True  # a stored vector's only use is its inner products with the query's vectors
+
+    def code_tables(self, query_state, codebooks: torch.Tensor) -> CodeTables:
+        """Every query vector's inner product with every entry of ``codebooks [M, K, width]``, once per query
+        (:func:`~.code_tables.query_code_tables`)."""
+        query_vectors, query_mask = query_state
+        return query_code_tables(query_vectors[0], query_mask, codebooks)
+
+    def score_codes(self, tables: CodeTables, codes: torch.Tensor, lengths: torch.Tensor,
+                    norms: torch.Tensor | None = None) -> torch.Tensor:
+        """``[B]`` MaxSim of documents stored as ``codes [B, Lmax, M]`` against the query of ``tables``
+        (:meth:`code_tables`): each inner product by ``M`` look-ups (:func:`~.code_tables.code_inner_products`), no
+        norm needed. Equals :meth:`score` of the decoded vectors in float32, to its rounding."""
+        return _maxsim_of(code_inner_products(tables, codes), tables.mask, lengths)
+
     def store_frame(self, rotation: torch.Tensor) -> torch.Tensor:
         return rotation
 
@@ -87,8 +103,13 @@ class DualEncoder(RankingModel):
 
 def _maxsim(query_vectors, query_mask, docs, doc_lengths) -> torch.Tensor:
     """``query_vectors [B|1, q, W]`` against ``docs [B, L, W]`` → ``[B]``; padded tokens on either side ignored."""
-    similarity = torch.matmul(query_vectors, docs.transpose(1, 2))  # [B, q, L]
-    doc_mask = key_padding_mask(doc_lengths, docs.shape[1])[:, 0]  # [B, 1, L]
+    return _maxsim_of(torch.matmul(query_vectors, docs.transpose(1, 2)), query_mask, doc_lengths)
+
+
+def _maxsim_of(similarity: torch.Tensor, query_mask: torch.Tensor, doc_lengths: torch.Tensor) -> torch.Tensor:
+    """``[B]``: the sum over the query's vectors (``query_mask [B|1, q]``) of each one's largest ``similarity
+    [B, q, L]`` with a document vector, padded document positions (past ``doc_lengths [B]``) ignored."""
+    doc_mask = key_padding_mask(doc_lengths, similarity.shape[-1])[:, 0]  # [B, 1, L]
     best = similarity.masked_fill(~doc_mask, torch.finfo(similarity.dtype).min).amax(-1)  # [B, q]
     # summed in fp32: a bf16 sum of q maxima keeps 8 significant bits, and close candidates would tie
     return (best.float() * query_mask.float()).sum(-1)

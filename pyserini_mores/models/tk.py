@@ -53,6 +53,7 @@ from torch import nn
 from ._layers import attention_context, rotated_rows
 from .backbones import DEFAULT_BACKBONE
 from .base import ModelCapabilities, RankingConfig, RankingModel, pad_documents, read_checkpoint_config
+from .code_tables import CodeTables, code_inner_products, query_code_tables
 from .loading import backbone_weights
 
 logger = logging.getLogger(__name__)
@@ -134,16 +135,6 @@ class TKQueryState(NamedTuple):
 
     vectors: torch.Tensor
     mask: torch.Tensor
-
-
-class TKCodeTables(NamedTuple):
-    """One query against an additive codec's codebooks (:meth:`TKModel.code_tables`): ``table [M * K, q]``, the
-    inner product of entry ``k`` of codebook ``m`` (row ``m * K + k``) with each unit query term, and the query's
-    term ``mask [1, q]``."""
-
-    table: torch.Tensor
-    mask: torch.Tensor
-    entries: int  # K, entries per codebook
 
 
 # ---- word-level tokenizer for GloVe vocabularies ---------------------------------------------------------------------
@@ -583,31 +574,24 @@ class TKModel(RankingModel):
         return self._interaction(query_state, *self._stored(docs, lengths), norms=norms)["score"]
 
     scores_codes = True  # a stored term's only use is its cosines with the query terms, given its norm
+    code_scores_need_norms = True
 
-    def code_tables(self, query_state: TKQueryState, codebooks: torch.Tensor) -> TKCodeTables:
-        """Every query term's inner product with every entry of ``codebooks [M, K, dim]``: ``M K dim q`` multiply-adds
-        once per query, after which a stored term's cosines with the query terms take ``M`` look-ups each instead of
-        decoding it (``M dim`` adds) and multiplying (``dim q``)."""
+    def code_tables(self, query_state: TKQueryState, codebooks: torch.Tensor) -> CodeTables:
+        """Every unit query term's inner product with every entry of ``codebooks [M, K, dim]``, once per query
+        (:func:`~.code_tables.query_code_tables`)."""
         vectors, mask = query_state
-        entries, width = codebooks.shape[1], codebooks.shape[2]
-        with torch.autocast(device_type=codebooks.device.type, enabled=False):
-            table = codebooks.reshape(-1, width).float() @ vectors[0].float().T
-        return TKCodeTables(table, mask, entries)
+        return query_code_tables(vectors[0], mask, codebooks)
 
-    def score_codes(self, tables: TKCodeTables, codes: torch.Tensor, lengths: torch.Tensor,
-                    norms: torch.Tensor) -> torch.Tensor:
+    def score_codes(self, tables: CodeTables, codes: torch.Tensor, lengths: torch.Tensor,
+                    norms: torch.Tensor | None = None) -> torch.Tensor:
         """``[B]`` scores of stored terms coded as ``codes [B, Lmax, M]`` against the query of ``tables``
-        (:meth:`code_tables`), with the norms ``[B, Lmax]`` their store gives (the look-ups do not give ``‖x̂‖``). A
-        term decodes to ``x̂ = Σ_m C_m[c_m]``, so ``q · x̂ = Σ_m q · C_m[c_m]``: ``M`` look-ups summed (one
-        ``embedding_bag``), then divided by the norm. Equals :meth:`score` of the decoded terms with the same
-        ``norms``, to float32 rounding."""
-        batch, length, books = codes.shape
-        offsets = torch.arange(books, device=codes.device) * tables.entries
-        index = (codes.long() + offsets).reshape(-1, books)
+        (:meth:`code_tables`), with the norms ``[B, Lmax]`` their store gives (the look-ups do not give ``‖x̂‖``):
+        ``q · x̂`` by ``M`` look-ups (:func:`~.code_tables.code_inner_products`), then divided by the norm. Equals
+        :meth:`score` of the decoded terms with the same ``norms``, to float32 rounding."""
+        if norms is None:
+            raise ValueError("TK scores codes with the norms of the terms they decode to (an rq store with norms)")
         with torch.autocast(device_type=codes.device.type, enabled=False):
-            dots = F.embedding_bag(index, tables.table, mode="sum")  # [B * Lmax, q]
-            match_matrix = dots.reshape(batch, length, -1).transpose(1, 2)
-            match_matrix = match_matrix / norms.float().clamp(min=1e-12)[:, None, :]
+            match_matrix = code_inner_products(tables, codes) / norms.float().clamp(min=1e-12)[:, None, :]
             return self._pooled(match_matrix, tables.mask, self._stored(codes, lengths)[1])["score"]
 
     def store_frame(self, rotation: torch.Tensor) -> torch.Tensor:
@@ -725,5 +709,5 @@ def _compact(vectors: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
     return [row[keep] for row, keep in zip(vectors, mask)]
 
 
-__all__ = ["TKConfig", "TKModel", "TKQueryState", "TKCodeTables", "KernelPooling", "KernelFeatures", "WordTokenizer",
+__all__ = ["TKConfig", "TKModel", "TKQueryState", "KernelPooling", "KernelFeatures", "WordTokenizer",
            "load_glove_embeddings", "sinusoidal_positions", "TK_KERNEL_MUS"]

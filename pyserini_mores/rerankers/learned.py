@@ -254,21 +254,21 @@ class ModelReranker(Reranker):
 
     @property
     def scores_codes(self) -> bool:
-        """True when the scoring model scores the sidecar's codes (an ``rq`` store's whose codes carry their norms)
-        through look-up tables, without decoding them (see
+        """True when the scoring model scores the sidecar's codes (an ``rq`` store's; TK's only where the codes carry
+        their norms) through look-up tables, without decoding them (see
         :meth:`~pyserini_mores.models.base.RankingModel.code_tables`)."""
         return self._store_codebooks(self.scoring_model) is not None
 
-    def _store_codebooks(self, model: RankingModel) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The sidecar codec's codebooks and norm levels on the device, made once per sidecar, when ``model`` scores
-        codes and the codes carry their norms (``rq`` with ``rq_norms``); else None."""
+    def _store_codebooks(self, model: RankingModel) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """The sidecar codec's codebooks and norm levels (None without ``rq_norms``) on the device, made once per
+        sidecar, when ``model`` scores codes and the codes carry the norms it needs; else None."""
         books = getattr(self.sidecar, "store_codebooks", None) if model.scores_codes else None
-        if books is None or books.norm_levels is None:
+        if books is None or (model.code_scores_need_norms and books.norm_levels is None):
             return None
         cached = self._codebooks_of
         if cached is None or cached[0] is not self.sidecar:
-            cached = self._codebooks_of = (self.sidecar, (torch.tensor(books.entries, device=self.device),
-                                                          torch.tensor(books.norm_levels, device=self.device)))
+            levels = None if books.norm_levels is None else torch.tensor(books.norm_levels, device=self.device)
+            cached = self._codebooks_of = (self.sidecar, (torch.tensor(books.entries, device=self.device), levels))
         return cached[1]
 
     def _sent(self, docs: torch.Tensor, lengths: torch.Tensor, dtype: torch.dtype,
@@ -466,7 +466,7 @@ class ModelReranker(Reranker):
 
             def score_codes(starts: np.ndarray, lengths: np.ndarray) -> torch.Tensor:
                 codes, lengths = self._read_codes(starts, lengths, buffer)
-                norms = norm_levels[codes[..., codebook_count].long()]
+                norms = norm_levels[codes[..., codebook_count].long()] if model.code_scores_need_norms else None
                 return model.score_codes(tables, codes[..., :codebook_count], lengths, norms)
             return score_codes
         score = model.score_cls if cls else model.score

@@ -1,8 +1,9 @@
-"""Reranking TK from an rq sidecar whose codes end in a norm byte, through look-up tables: each query term's inner
-product with every codebook entry is tabled once per query, and a stored term's cosines are the sums of its code's
-entries over its stored norm, never decoded. The scores must equal TK's on the decoded terms with those norms, and
-come within the norm byte's rounding of TK on the decoded terms; every candidate must be scored with its own codes;
-other models, codecs and rq codes without norms read decoded vectors as before; and a sharded sidecar scores codes
+"""Reranking from an rq sidecar through look-up tables: each query vector's inner product with every codebook entry
+is tabled once per query, and a stored vector's products are the sums of its code's entries, never decoded. TK,
+whose cosines also need the stored norm, scores codes that end in a norm byte: its scores must equal TK's on the
+decoded terms with those norms, and come within the norm byte's rounding of TK on the decoded terms; MaxSim needs
+no norm and must score what it scores on the decoded vectors. Every candidate must be scored with its own codes;
+other codecs, and TK's rq codes without norms, read decoded vectors as before; and a sharded sidecar scores codes
 only when its shards share one codec."""
 from __future__ import annotations
 
@@ -114,7 +115,7 @@ def test_the_reranker_scores_tk_from_codes_without_decoding(tk_rq, texts, monkey
     assert 0 < np.abs(normalised - got).max() < 0.02 * (got.max() - got.min())
 
 
-@pytest.mark.parametrize("kind", ["maxsim-rq", "tk-opq", "tk-rq without norms"])
+@pytest.mark.parametrize("kind", ["maxsim-opq", "tk-opq", "tk-rq without norms"])
 def test_other_models_and_codecs_read_decoded_vectors(kind, tmp_path, tokenizer, texts):  # noqa: F811
     name, codec = kind.split()[0].split("-")
     model = _model(name, tokenizer)
@@ -125,6 +126,45 @@ def test_other_models_and_codecs_read_decoded_vectors(kind, tmp_path, tokenizer,
     assert not reranker.scores_codes
     np.testing.assert_allclose(_scores(reranker, texts), _decoded_scores(model, sidecar, np.arange(len(texts))),
                                rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("options", [{"rq_codebooks": 4}, RQ], ids=["codes", "codes with norms"])
+def test_maxsim_scores_codes_as_the_decoded_vectors(options, tmp_path, tokenizer, texts, monkeypatch):  # noqa: F811
+    model = _model("maxsim", tokenizer)
+    sidecar = _sidecar(tmp_path, model, texts, codec="rq", options=options)
+    rows = np.arange(len(texts))
+    want = _decoded_scores(model, sidecar, rows)
+    assert want.max() - want.min() > 0.1
+    with torch.no_grad():
+        state = model.encode_query(model.tokenize_queries([QUERY]))
+        tables = model.code_tables(state, torch.from_numpy(sidecar.store_codebooks.entries))
+        codes, lengths = sidecar.get_batch(rows, codes=True)
+        assert len(set(lengths.tolist())) > 3  # padding in the batch, which must not be anyone's maximum
+        got = model.score_codes(tables, codes[..., :4], lengths).numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        # each candidate's own codes: scoring the batch's codes in another order gives the scores in that order
+        order = torch.from_numpy(np.random.default_rng(0).permutation(len(rows)))
+        np.testing.assert_allclose(model.score_codes(tables, codes[order, :, :4], lengths[order]).numpy(),
+                                   got[order], rtol=1e-6)
+        assert np.abs(got[order] - got).max() > 1e-2
+    reads = []
+    read = type(sidecar).get_spans
+    monkeypatch.setattr(type(sidecar), "get_spans",
+                        lambda self, *a, **k: reads.append(k.get("codes", False)) or read(self, *a, **k))
+    reranker = ModelReranker(model, sidecar, batch_size=7, device="cpu", precision="fp32")
+    assert reranker.scores_codes
+    np.testing.assert_allclose(_scores(reranker, texts), want, rtol=1e-4, atol=1e-4)
+    assert reads and all(reads)  # every batch read as codes: nothing decoded
+
+
+def test_tk_refuses_to_score_codes_without_their_norms(tk_rq):
+    model, sidecar = tk_rq
+    state = model.encode_query(model.tokenize_queries([QUERY]))
+    tables = model.code_tables(state, torch.from_numpy(sidecar.store_codebooks.entries))
+    codes, lengths = sidecar.get_batch([0, 1], codes=True)
+    with pytest.raises(ValueError, match=r"TK scores codes with the norms of the terms they decode to \(an rq store "
+                                         r"with norms\)"):
+        model.score_codes(tables, codes[..., :4], lengths)
 
 
 def test_codes_are_refused_where_there_are_no_codebooks(tmp_path, tokenizer, texts):  # noqa: F811
