@@ -1,6 +1,8 @@
 """Evaluate saved window scores (``window_scores.py --save-windows``) under each aggregation and window cap.
 
-Several files (one run split across processes with ``--skip-queries``) are evaluated together. ``--caps 1 2 3 4``
+Several files (one run split across processes with ``--skip-queries``, or extended to a deeper rerank depth
+with ``--skip-candidates``) are evaluated together: a query's candidates in several files are taken in the files'
+order. ``--caps 1 2 3 4``
 also evaluates each aggregation as if the sidecar had been built with ``--max-windows K`` for each K up to the saved
 windows' (a document's first K windows are exactly what that build stores), which is what a smaller cap costs;
 ``--first-weights 0.4 0.6`` also evaluates ``w`` × FirstP + (1 − ``w``) × MaxP for each weight ``w`` of the first
@@ -8,6 +10,8 @@ window (``search``'s FirstMaxP is ``w`` = 0.5)::
 
     python integrations/manpages/evaluate_windows.py --qrels qrels.test.txt --windows ce.test.0.npz ce.test.493.npz \\
         --caps 1 2 3 4 --json ce.test.json
+    python integrations/manpages/evaluate_windows.py --qrels qrels.test.txt --depths 30 100 \\
+        --windows ce.test.npz ce.test.d100.0.npz ce.test.d100.493.npz   # the top 30, then candidates 31-100
 """
 from __future__ import annotations
 
@@ -24,14 +28,28 @@ from pyserini_mores.windows import SCORE_AGGREGATIONS, aggregate_scores
 
 
 def load(paths: list[str]) -> dict[str, dict[str, np.ndarray]]:
-    """qid → its saved fields (``docids``, ``window_scores``, ``owners``, and ``avgcls`` when saved)."""
+    """qid → its saved fields (``docids``, ``window_scores``, ``owners``, and ``avgcls`` when every file that has
+    the query saved it); a query in several files has their candidates one after the other, in the files' order."""
     queries: dict[str, dict[str, np.ndarray]] = {}
     for path in paths:
+        parts: dict[str, dict[str, np.ndarray]] = {}
         with np.load(path) as saved:
             for key in saved.files:
                 qid, field = key.split("/", 1)
-                queries.setdefault(qid, {})[field] = saved[key]
+                parts.setdefault(qid, {})[field] = saved[key]
+        for qid, part in parts.items():
+            queries[qid] = _appended(queries[qid], part) if qid in queries else part
     return queries
+
+
+def _appended(first: dict[str, np.ndarray], then: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The candidates of ``first`` then those of ``then``: each window's owner counted on from ``first``'s."""
+    joined = {"docids": np.concatenate([first["docids"], then["docids"]]),
+              "window_scores": np.concatenate([first["window_scores"], then["window_scores"]]),
+              "owners": np.concatenate([first["owners"], then["owners"] + len(first["docids"])])}
+    if "avgcls" in first and "avgcls" in then:
+        joined["avgcls"] = np.concatenate([first["avgcls"], then["avgcls"]])
+    return joined
 
 
 def ranked_run(queries: dict[str, dict[str, np.ndarray]], scores_of, depth: int) -> dict[str, dict[str, float]]:

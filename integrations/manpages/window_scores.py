@@ -40,6 +40,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--skip-queries", type=int, default=0,
                         help="leave out the first N topics (with --max-queries: topics N+1 to N+max); to split a run "
                              "across processes, whose --save-windows files evaluate together")
+    parser.add_argument("--skip-candidates", type=int, default=0,
+                        help="score each query's candidates N+1 to --depth only, to extend the --save-windows of a run "
+                             "to depth N (evaluate_windows.py evaluates the two files together); needs --save-windows "
+                             "and writes no table")
     parser.add_argument("--json", required=True, help="where the table goes")
     parser.add_argument("--save-windows", help="also write every window's score (and AvgCLS) per query to this .npz")
     return parser.parse_args(argv)
@@ -47,6 +51,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.skip_candidates and not args.save_windows:
+        print("error: --skip-candidates scores part of each query's candidates: it needs --save-windows",
+              file=sys.stderr)
+        return 2
+    if not 0 <= args.skip_candidates < args.depth:
+        print(f"error: --skip-candidates must lie in 0 … --depth - 1 ({args.depth - 1}), not {args.skip_candidates}",
+              file=sys.stderr)
+        return 2
     from pyserini_mores.eval.metrics import evaluate
     from pyserini_mores.formats import read_qrels, read_topics
     from pyserini_mores.index import fetch_texts
@@ -68,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = {(how, depth): {} for how in aggregations for depth in args.depths}
     windows_per_candidate, started, saved = [], time.perf_counter(), {}
     for number, qid in enumerate(qids, 1):
-        hits = candidates.get(qid, [])[: args.depth]
+        hits = candidates.get(qid, [])[args.skip_candidates: args.depth]
         if not hits:
             continue
         texts = fetch_texts(searcher.searcher, [hit.docid for hit in hits]) if reranker.needs_text else None
@@ -99,13 +111,15 @@ def main(argv: list[str] | None = None) -> int:
 
     judged = {qid: qrels[qid] for qid in qids if qid in qrels}
     table = []
-    for (how, depth), run in runs.items():
+    # with --skip-candidates each ranking is only a part of one: no table
+    for (how, depth), run in runs.items() if not args.skip_candidates else ():
         result = evaluate(run, judged, ["MRR@10", "nDCG@10"])
         table.append({"aggregation": how, "depth": depth, **{k: round(v, 4) for k, v in result.aggregate.items()}})
         print(f"{args.reranker:14s} {how:7s} depth {depth:4d}  MRR@10 {result.aggregate['MRR@10']:.4f}  "
               f"nDCG@10 {result.aggregate['nDCG@10']:.4f}")
     summary = {"reranker": args.reranker, "model": args.model, "sidecar": args.sidecar, "queries": len(judged),
-               "depth": args.depth, "windows_per_candidate": float(np.mean(windows_per_candidate)),
+               "depth": args.depth, "skip_candidates": args.skip_candidates,
+               "windows_per_candidate": float(np.mean(windows_per_candidate)),
                "seconds": round(time.perf_counter() - started, 1), "rows": table}
     if args.save_windows:
         np.savez_compressed(args.save_windows, **{f"{qid}/{key}": np.asarray(value)

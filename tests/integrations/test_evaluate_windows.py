@@ -40,3 +40,23 @@ def test_first_weights_rank_by_the_weighted_first_and_best_window(tmp_path):
     plain = {row["aggregation"]: row["MRR@10"] for row in rows if "first_weight" not in row}
     assert plain["firstmaxp"] == weighted[0.5]
     assert plain["firstp"] == 1.0 and plain["maxp"] == 0.5
+
+
+def test_a_query_in_two_files_has_the_second_files_candidates_after_the_firsts(tmp_path):
+    # The top 2 (b, a) in one file, candidates 3-4 (c, d) in another, as --skip-candidates 2 saves them: c's windows
+    # belong to candidate 2 of the joined ranking, d's to 3. By MaxP c 9, a 4, b 3, d 1; by FirstP a 4, b 3, d 1, c 0;
+    # at depth 2 only b and a are ranked.
+    np.savez(tmp_path / "top.npz", **{"q1/docids": np.array(["b", "a"]), "q1/window_scores": np.array([3.0, 1.0, 4.0]),
+                                      "q1/owners": np.array([0, 0, 1]), "q1/avgcls": np.array([2.0, 4.0])})
+    np.savez(tmp_path / "next.npz", **{"q1/docids": np.array(["c", "d"]), "q1/window_scores": np.array([0.0, 9.0, 1.0]),
+                                       "q1/owners": np.array([0, 0, 1])})
+    joined = evaluate_windows.load([str(tmp_path / "top.npz"), str(tmp_path / "next.npz")])["q1"]
+    assert joined["docids"].tolist() == ["b", "a", "c", "d"]
+    assert joined["owners"].tolist() == [0, 0, 1, 2, 2, 3]
+    assert "avgcls" not in joined  # saved for only a part of the candidates
+    (tmp_path / "qrels.txt").write_text("q1 0 c 1\n")
+    out = tmp_path / "table.json"
+    assert evaluate_windows.main(["--qrels", str(tmp_path / "qrels.txt"), "--windows", str(tmp_path / "top.npz"),
+                                  str(tmp_path / "next.npz"), "--depths", "2", "4", "--json", str(out)]) == 0
+    mrr = {(row["aggregation"], row["depth"]): row["MRR@10"] for row in json.loads(out.read_text())["rows"]}
+    assert mrr[("maxp", 2)] == 0.0 and mrr[("maxp", 4)] == 1.0 and mrr[("firstp", 4)] == 0.25
