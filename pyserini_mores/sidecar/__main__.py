@@ -30,7 +30,7 @@ from .format import (
     short_hash,
     size_problems,
 )
-from .shards import ShardedManifest, is_sharded, read_sharded_manifest
+from .shards import ShardedManifest, codec_identity, is_sharded, read_sharded_manifest
 from .transcode import transcode_sidecar
 from .verify import verify_against_index, verify_sidecar
 
@@ -336,19 +336,19 @@ def format_sharded_summary(manifest: ShardedManifest, path: str | Path,
     """A readable summary of a sharded manifest, one line per shard (its size when its manifest is readable)."""
     model = manifest.model
     docs = max(1, manifest.num_docs)
+    first = next((shard for shard in shard_manifests if shard is not None), None)
     lines = [
         f"sidecar     {path} (sharded: {len(manifest.shards)} shards, build {manifest.build_id})",
         f"format      {manifest.format} v{manifest.format_version}, created {manifest.created or '?'}",
         f"model       {model.get('model_type')} (variant {model.get('store_variant')}), "
         f"fingerprint {short_hash(manifest.model_fingerprint)}",
-        f"vectors     dim {manifest.dim}, {manifest.dtype}",
+        f"vectors     dim {manifest.dim}, {_sharded_codec_summary(manifest, shard_manifests, first)}",
         f"documents   {manifest.num_docs:,} ({manifest.num_tokens:,} tokens, "
         f"{manifest.num_tokens / docs:.1f} tokens/doc)",
         f"index       {_pairs(manifest.index)}",
         f"encoded     {_encoding(manifest.build)}",
         f"build       {_pairs(manifest.build) or '-'}",
     ]
-    first = next((shard for shard in shard_manifests if shard is not None), None)
     if first is not None:
         lines.append(f"windows     per shard: {_windows_summary(first, path)} (shard {shard_manifests.index(first)})")
     legacy = [shard for shard in shard_manifests if shard is not None and shard.lacks_integrity]
@@ -425,6 +425,17 @@ def _encoding(build: dict[str, Any]) -> str:
     note = (" (an fp32 reranker matches its from-text scores only to bf16 accuracy)" if precision == "bf16"
             else " (not recorded by the build)" if "unknown" in (precision, device) else "")
     return f"precision {precision}, device {device}{note}"
+
+
+def _sharded_codec_summary(manifest: ShardedManifest, shard_manifests: list[Manifest | None],
+                           first: Manifest | None) -> str:
+    """The shards' storage dtype, or their codec as a shard's summary gives it (the top-level manifest records the
+    dtype only), and whether every readable shard has that one codec (the same trained parameters)."""
+    if first is None or not first.compressed:
+        return manifest.dtype
+    codecs = {json.dumps(codec_identity(shard), sort_keys=True) for shard in shard_manifests if shard is not None}
+    shared = "one codec in every shard" if len(codecs) == 1 else f"{len(codecs)} different codecs across the shards"
+    return f"{_codec_summary(first)}, {first.bytes_per_token:,} bytes/token, {shared}"
 
 
 def _codec_summary(manifest: Manifest) -> str:

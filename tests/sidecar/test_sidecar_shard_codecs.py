@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from sidecar_forge import reseal
 
 from pyserini_mores.sidecar import SidecarMismatchError, assemble_shards, open_sidecar, verify_sidecar
 from pyserini_mores.sidecar import build as build_module
@@ -74,6 +75,26 @@ def test_every_shard_adopts_one_codec_and_reads_like_an_unsharded_build_of_it(co
         expected_docs, expected_lengths = one.get_batch(rows)
         assert torch.equal(docs, expected_docs) and torch.equal(lengths, expected_lengths)
     assert verify_sidecar(sharded) == []
+
+
+def test_info_on_a_sharded_sidecar_names_the_codec_its_shards_share(sharded_opq, tmp_path, capsys):
+    capsys.readouterr()
+    assert sidecar_main(["info", str(sharded_opq)]) == 0
+    vectors = [line for line in capsys.readouterr().out.splitlines() if line.startswith("vectors")]
+    assert vectors == ["vectors     dim 32, codec opq, pq_subquantizers=4 (trained on 384 tokens), 4 bytes/token, "
+                       "one codec in every shard"]
+    # a shard whose manifest records other codec parameters (assembled by an older version, which did not check)
+    copy = tmp_path / "copy"
+    shutil.copytree(sharded_opq, copy)
+    shard = sorted(path for path in copy.iterdir() if (path / "codec.bin").exists())[1]
+    manifest = json.loads((shard / "manifest.json").read_text())
+    manifest["files"]["codec.bin"]["sha256"] = "0" * 64
+    (shard / "manifest.json").write_text(json.dumps(manifest))
+    reseal(shard)
+    sidecar_main(["info", str(copy)])
+    out = capsys.readouterr().out
+    assert "vectors     dim 32, codec opq, pq_subquantizers=4 (trained on 384 tokens), 4 bytes/token, 2 different " \
+           "codecs across the shards" in out
 
 
 def test_the_codec_sample_is_drawn_across_the_collection(tiny_index, tiny_maxsim_dir, maxsim_sidecar):
