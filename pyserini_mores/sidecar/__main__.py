@@ -146,6 +146,10 @@ def define_codec_option_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rq-codebooks", type=int, default=None, metavar="M",
                         help="--codec rq: codebooks of 256 full-width vectors summed = bytes per token, 1..256 "
                              "(default: width / 8)")
+    parser.add_argument("--sample-tokens", type=int, default=None, metavar="N",
+                        help="token vectors that train a compressed codec (default 65,536, fewer above width 512); "
+                             "more train rq's later codebooks on residuals they were not fitted to, at more "
+                             "training time")
     parser.add_argument("--rq-norms", action="store_true",
                         help="--codec rq: end each code in one byte of its vector's norm, so that a model scoring "
                              "cosines from the codes (TK) reads them without decoding: bytes per token = "
@@ -157,7 +161,7 @@ def _codec_options(args: argparse.Namespace, *, check_pq: bool = True) -> dict[s
     ``--pq-subquantizers`` is passed on as given, for the codec to check."""
     options = codec_options(args.codec, pq_subquantizers=args.pq_subquantizers if check_pq else None,
                             nbits=args.nbits, num_centroids=args.num_centroids, residual_dims=args.residual_dims,
-                            rq_codebooks=args.rq_codebooks, rq_norms=args.rq_norms)
+                            rq_codebooks=args.rq_codebooks, rq_norms=args.rq_norms, sample_tokens=args.sample_tokens)
     if not check_pq and args.pq_subquantizers is not None:
         options = {**(options or {}), "pq_subquantizers": args.pq_subquantizers}
     return options

@@ -347,7 +347,8 @@ def code_size(name: str, dim: int, pq_subquantizers: int | None = None, **option
 
 def codec_options(codec: str, *, pq_subquantizers: int | None = None, nbits: int | None = None,
                   num_centroids: int | None = None, residual_dims: int | None = None,
-                  rq_codebooks: int | None = None, rq_norms: bool = False) -> dict[str, int] | None:
+                  rq_codebooks: int | None = None, rq_norms: bool = False,
+                  sample_tokens: int | None = None) -> dict[str, int] | None:
     """The options dict of ``codec`` from its command-line settings (``None`` when none is set), checked before any
     work starts: each setting belongs to its codec and lies in its range (the dim-dependent checks come when the
     codec is made). Raises ``ValueError`` naming the flag."""
@@ -355,13 +356,17 @@ def codec_options(codec: str, *, pq_subquantizers: int | None = None, nbits: int
     from .rq import MAX_CODEBOOKS
 
     settings = {"pq_subquantizers": pq_subquantizers, "nbits": nbits, "num_centroids": num_centroids,
-                "residual_dims": residual_dims, "rq_codebooks": rq_codebooks, "rq_norms": 1 if rq_norms else None}
+                "residual_dims": residual_dims, "rq_codebooks": rq_codebooks, "rq_norms": 1 if rq_norms else None,
+                "sample_tokens": sample_tokens}
     given = {key: int(value) for key, value in settings.items() if value is not None}
     owners = {"pq_subquantizers": PQ_CODECS, **{key: (RESIDUAL,) for key in RESIDUAL_OPTIONS}, "rq_codebooks": (RQ,),
               "rq_norms": (RQ,)}
     for key, value in given.items():
         flag = "--" + key.replace("_", "-")
-        if codec not in owners[key]:
+        if key == "sample_tokens":  # every codec but fp16 is trained
+            if codec == IDENTITY:
+                raise ValueError(f"{flag} applies to a codec that is trained (every --codec but {IDENTITY})")
+        elif codec not in owners[key]:
             others = "".join(f"; --codec {other} takes it too" for other in owners[key][1:])
             raise ValueError(f"{flag} applies to --codec {owners[key][0]}, not {codec}{others}")
         if value <= 0:

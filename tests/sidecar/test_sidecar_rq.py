@@ -155,6 +155,25 @@ def test_transcode_into_the_rq_codec(tmp_path, capsys):
     assert err.startswith("error: ") and err.count("\n") == 1 and "--rq-codebooks must be positive, not 0" in err
 
 
+def test_the_training_sample_size_flag(tmp_path, capsys):
+    writer = SidecarWriter(tmp_path / "src", dim=DIM, docids=DOCIDS, model=MODEL, index=INDEX, dtype="float32")
+    writer.add(_documents())
+    writer.finalize()
+    assert sidecar_main(["transcode", str(tmp_path / "src"), "--output", str(tmp_path / "rq"), "--codec", "rq",
+                         "--rq-codebooks", "4", "--sample-tokens", "3000"]) == 0
+    assert "codec rq, rq_codebooks=4 (trained on 3,000 tokens)" in capsys.readouterr().out
+    with open_sidecar(tmp_path / "rq") as reader:
+        assert reader.manifest.codec["options"] == {"sample_tokens": 3000, "rq_codebooks": 4}
+        assert reader.manifest.codec["trained_on_tokens"] == 3000
+    for flags, message in [(["--codec", "rq", "--sample-tokens", "0"], "--sample-tokens must be positive, not 0"),
+                           (["--codec", "fp16", "--dtype", "float16", "--sample-tokens", "3000"],
+                            "--sample-tokens applies to a codec that is trained (every --codec but fp16)")]:
+        assert sidecar_main(["transcode", str(tmp_path / "src"), "--output", str(tmp_path / "bad"), *flags]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1 and message in err
+    assert not (tmp_path / "bad").exists()
+
+
 @pytest.mark.parametrize("damage,message", [
     ("nan", "codec.bin is damaged: the rq codec's parameters are not all finite"),
     ("bytes", r"codec.bin bytes \[0, \d+\) do not match their checksum"),
