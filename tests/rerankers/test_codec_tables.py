@@ -40,6 +40,15 @@ def _decoded_scores(model, sidecar, rows) -> np.ndarray:
         return model.score(state, *sidecar.get_batch(np.asarray(rows))).float().numpy()
 
 
+def _recorded_reads(sidecar, monkeypatch) -> list[bool]:
+    """A list that records, for every batch of spans the sidecar reads from now on, whether it read codes."""
+    reads = []
+    read = type(sidecar).get_spans
+    monkeypatch.setattr(type(sidecar), "get_spans",
+                        lambda self, *a, **k: reads.append(k.get("codes", False)) or read(self, *a, **k))
+    return reads
+
+
 @pytest.fixture
 def tk_rq(tmp_path, tokenizer, texts):  # noqa: F811
     model = _model("tk", tokenizer)
@@ -92,10 +101,7 @@ def test_tk_scores_codes_as_the_decoded_unit_terms(tk_rq, texts):  # noqa: F811
 
 def test_the_reranker_scores_tk_from_codes_without_decoding(tk_rq, texts, monkeypatch):  # noqa: F811
     model, sidecar = tk_rq
-    reads = []
-    read = type(sidecar).get_spans
-    monkeypatch.setattr(type(sidecar), "get_spans",
-                        lambda self, *a, **k: reads.append(k.get("codes", False)) or read(self, *a, **k))
+    reads = _recorded_reads(sidecar, monkeypatch)
     reranker = ModelReranker(model, sidecar, batch_size=7, device="cpu", precision="fp32")
     assert reranker.scores_codes
     got = _scores(reranker, texts)
@@ -147,10 +153,7 @@ def test_maxsim_scores_codes_as_the_decoded_vectors(options, tmp_path, tokenizer
         np.testing.assert_allclose(model.score_codes(tables, codes[order, :, :4], lengths[order]).numpy(),
                                    got[order], rtol=1e-6)
         assert np.abs(got[order] - got).max() > 1e-2
-    reads = []
-    read = type(sidecar).get_spans
-    monkeypatch.setattr(type(sidecar), "get_spans",
-                        lambda self, *a, **k: reads.append(k.get("codes", False)) or read(self, *a, **k))
+    reads = _recorded_reads(sidecar, monkeypatch)
     reranker = ModelReranker(model, sidecar, batch_size=7, device="cpu", precision="fp32")
     assert reranker.scores_codes
     np.testing.assert_allclose(_scores(reranker, texts), want, rtol=1e-4, atol=1e-4)
