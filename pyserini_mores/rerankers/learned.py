@@ -463,10 +463,11 @@ class ModelReranker(Reranker):
             entries, norm_levels = books
             tables = model.code_tables(query_state, entries)
             codebook_count = entries.shape[0]  # a code: one byte per codebook, then the norm's
+            norm_levels = norm_levels if model.code_scores_need_norms else None  # MaxSim ignores a store's norms
 
             def score_codes(starts: np.ndarray, lengths: np.ndarray) -> torch.Tensor:
                 codes, lengths = self._read_codes(starts, lengths, buffer)
-                norms = norm_levels[codes[..., codebook_count].long()] if model.code_scores_need_norms else None
+                norms = None if norm_levels is None else norm_levels[codes[..., codebook_count].long()]
                 return model.score_codes(tables, codes[..., :codebook_count], lengths, norms)
             return score_codes
         score = model.score_cls if cls else model.score

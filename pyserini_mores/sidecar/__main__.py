@@ -146,14 +146,13 @@ def define_codec_option_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rq-codebooks", type=int, default=None, metavar="M",
                         help="--codec rq: codebooks of 256 full-width vectors summed = bytes per token, 1..256 "
                              "(default: width / 8)")
-    parser.add_argument("--sample-tokens", type=int, default=None, metavar="N",
-                        help="token vectors that train a compressed codec (default 65,536, fewer above width 512); "
-                             "more train rq's later codebooks on residuals they were not fitted to, at more "
-                             "training time")
     parser.add_argument("--rq-norms", action="store_true",
                         help="--codec rq: end each code in one byte of its vector's norm, so that a model scoring "
                              "cosines from the codes (TK) reads them without decoding: bytes per token = "
                              "--rq-codebooks + 1")
+    parser.add_argument("--sample-tokens", type=int, default=None, metavar="N",
+                        help="any compressed codec: how many token vectors train it (default 65,536, fewer above "
+                             "width 512); more cost more training time")
 
 
 def _codec_options(args: argparse.Namespace, *, check_pq: bool = True) -> dict[str, int] | None:
