@@ -415,7 +415,7 @@ def test_a_full_disk_stops_the_build_resumably_and_says_so(tiny_index, tiny_maxs
     encoded = []
     real_encode = build_module._encode_window
     monkeypatch.setattr(build_module, "_encode_window",
-                        lambda model, texts, batch: encoded.append(len(texts)) or real_encode(model, texts, batch))
+                        lambda model, texts, *rest: encoded.append(len(texts)) or real_encode(model, texts, *rest))
 
     # Space was freed (the context above ended): the same command resumes.
     assert _build(tiny_index, tiny_maxsim_dir, output, "--dtype", "float32") == 0

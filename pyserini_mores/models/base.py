@@ -243,19 +243,30 @@ class RankingModel(nn.Module):
     #: codes then carry (an ``rq`` store with norms); a store without them is read decoded.
     code_scores_need_norms = False
 
-    def code_tables(self, query_state: Any, codebooks: torch.Tensor) -> Any:
+    def code_tables(self, query_state: Any, codebooks: torch.Tensor, words: torch.Tensor | None = None) -> Any:
         """What :meth:`score_codes` needs, made once per query: each stored vector is the sum of one entry of each
         codebook of ``codebooks [M, K, store_width]`` (on this model's device: an ``rq`` sidecar's, see
-        ``SidecarReader.store_codebooks``)."""
+        ``SidecarReader.store_codebooks``) and, with a word stage, of one of the word means ``words [V,
+        store_width]``."""
         raise NotImplementedError(f"{type(self).__name__} scores decoded vectors only")
 
     def score_codes(self, tables: Any, codes: torch.Tensor, lengths: torch.Tensor,
                     norms: torch.Tensor | None = None) -> torch.Tensor:
-        """``[B]`` scores of documents stored as ``codes [B, Lmax, M]`` (integer codebook entries, anything after
+        """``[B]`` scores of documents stored as ``codes [B, Lmax, M]`` (integer codebook entries, after a word
+        stage's two id bytes where the tables have one; anything after
         each of ``lengths [B]`` ignored) with the ``tables`` of :meth:`code_tables`, and (where
         :attr:`code_scores_need_norms`) the norms ``[B, Lmax]`` of the vectors they decode to as the store gives them
         (a code's entries tell inner products, not norms)."""
         raise NotImplementedError(f"{type(self).__name__} scores decoded vectors only")
+
+    #: How many token ids :meth:`stored_token_ids` can give (the vocabulary size), 0 for a model that gives none.
+    stored_vocabulary = 0
+
+    def stored_token_ids(self, doc_batch: DocBatch) -> list[torch.Tensor] | None:
+        """Per document of ``doc_batch`` the token id of each vector :meth:`encode_documents` stores, in its order,
+        for a model whose stored vectors are one per input token and lie near a point of their token's (TK's terms:
+        an ``rq`` store's word stage codes the id, see ``sidecar.rq``); ``None`` for every other model."""
+        return None
 
     def forward(self, query_batch: QueryBatch, doc_batch: DocBatch) -> torch.Tensor:
         """Training path: ``[B]`` scores of aligned (query, document) pairs, both encoded in-graph."""

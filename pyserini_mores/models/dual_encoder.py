@@ -75,11 +75,11 @@ class DualEncoder(RankingModel):
 
     scores_codes = True  # a stored vector's only use is its inner products with the query's vectors
 
-    def code_tables(self, query_state, codebooks: torch.Tensor) -> CodeTables:
-        """Every query vector's inner product with every entry of ``codebooks [M, K, width]``, once per query
-        (:func:`~.code_tables.query_code_tables`)."""
+    def code_tables(self, query_state, codebooks: torch.Tensor, words: torch.Tensor | None = None) -> CodeTables:
+        """Every query vector's inner product with every entry of ``codebooks [M, K, width]`` (and word mean), once
+        per query (:func:`~.code_tables.query_code_tables`)."""
         query_vectors, query_mask = query_state
-        return query_code_tables(query_vectors[0], query_mask, codebooks)
+        return query_code_tables(query_vectors[0], query_mask, codebooks, words)
 
     def score_codes(self, tables: CodeTables, codes: torch.Tensor, lengths: torch.Tensor,
                     norms: torch.Tensor | None = None) -> torch.Tensor:

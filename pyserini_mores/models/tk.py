@@ -561,6 +561,16 @@ class TKModel(RankingModel):
                 "a TK in mode='online' stores nothing; load it with mode='ctx' to build a sidecar")
         return _compact(*self.represent(doc_batch))
 
+    @property
+    def stored_vocabulary(self) -> int:
+        return int(self.embeddings.num_embeddings)
+
+    def stored_token_ids(self, doc_batch: dict) -> list[torch.Tensor]:
+        """Per document the ids of the terms :meth:`encode_documents` stores (its matching terms, in order): a
+        stored term is 95% its word's embedding (the mixer), so an ``rq`` word stage codes the word exactly."""
+        input_ids = doc_batch["input_ids"]
+        return _compact(input_ids, self._term_mask(input_ids, doc_batch["attention_mask"]))
+
     def encode_query(self, query_batch: dict) -> TKQueryState:
         """Online, once per query: the contextualised query terms (see :class:`TKQueryState`)."""
         return TKQueryState(*self.represent(query_batch))
@@ -576,11 +586,12 @@ class TKModel(RankingModel):
     scores_codes = True  # a stored term's only use is its cosines with the query terms, given its norm
     code_scores_need_norms = True
 
-    def code_tables(self, query_state: TKQueryState, codebooks: torch.Tensor) -> CodeTables:
-        """Every unit query term's inner product with every entry of ``codebooks [M, K, dim]``, once per query
-        (:func:`~.code_tables.query_code_tables`)."""
+    def code_tables(self, query_state: TKQueryState, codebooks: torch.Tensor,
+                    words: torch.Tensor | None = None) -> CodeTables:
+        """Every unit query term's inner product with every entry of ``codebooks [M, K, dim]`` (and word mean),
+        once per query (:func:`~.code_tables.query_code_tables`)."""
         vectors, mask = query_state
-        return query_code_tables(vectors[0], mask, codebooks)
+        return query_code_tables(vectors[0], mask, codebooks, words)
 
     def score_codes(self, tables: CodeTables, codes: torch.Tensor, lengths: torch.Tensor,
                     norms: torch.Tensor | None = None) -> torch.Tensor:

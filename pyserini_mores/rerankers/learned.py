@@ -27,6 +27,7 @@ from ..models import (
     shipped_models,
 )
 from ..models.checks import check_config, check_model_name
+from ..models.code_tables import WORD_ID_BYTES
 from ..precision import resolve_device, resolve_precision
 from ..sidecar import BatchBuffer, SidecarRowMismatchError, open_sidecar, recorded_windows
 from ..types import Query, Text, copy_candidates
@@ -259,16 +260,20 @@ class ModelReranker(Reranker):
         :meth:`~pyserini_mores.models.base.RankingModel.code_tables`)."""
         return self._store_codebooks(self.scoring_model) is not None
 
-    def _store_codebooks(self, model: RankingModel) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-        """The sidecar codec's codebooks and norm levels (None without ``rq_norms``) on the device, made once per
-        sidecar, when ``model`` scores codes and the codes carry the norms it needs; else None."""
+    def _store_codebooks(self, model: RankingModel) -> tuple[torch.Tensor, torch.Tensor | None,
+                                                              torch.Tensor | None] | None:
+        """The sidecar codec's codebooks, norm levels (None without ``rq_norms``) and word means (None without a word
+        stage) on the device, made once per sidecar, when ``model`` scores codes and the codes carry the norms it
+        needs; else None."""
         books = getattr(self.sidecar, "store_codebooks", None) if model.scores_codes else None
         if books is None or (model.code_scores_need_norms and books.norm_levels is None):
             return None
         cached = self._codebooks_of
         if cached is None or cached[0] is not self.sidecar:
-            levels = None if books.norm_levels is None else torch.tensor(books.norm_levels, device=self.device)
-            cached = self._codebooks_of = (self.sidecar, (torch.tensor(books.entries, device=self.device), levels))
+            levels, words = (None if array is None else torch.tensor(array, device=self.device)
+                             for array in (books.norm_levels, books.words))
+            cached = self._codebooks_of = (self.sidecar, (torch.tensor(books.entries, device=self.device), levels,
+                                                          words))
         return cached[1]
 
     def _sent(self, docs: torch.Tensor, lengths: torch.Tensor, dtype: torch.dtype,
@@ -460,15 +465,16 @@ class ModelReranker(Reranker):
             query_state = model.query_in_frame(query_state, frame)
         books = None if cls else self._store_codebooks(model)
         if books is not None:  # codes never decoded
-            entries, norm_levels = books
-            tables = model.code_tables(query_state, entries)
-            codebook_count = entries.shape[0]  # a code: one byte per codebook, then the norm's
+            entries, norm_levels, words = books
+            tables = model.code_tables(query_state, entries, words)
+            # a code: a word stage's two id bytes, one byte per codebook, then the norm's
+            code_bytes = (WORD_ID_BYTES if words is not None else 0) + entries.shape[0]
             norm_levels = norm_levels if model.code_scores_need_norms else None  # MaxSim ignores a store's norms
 
             def score_codes(starts: np.ndarray, lengths: np.ndarray) -> torch.Tensor:
                 codes, lengths = self._read_codes(starts, lengths, buffer)
-                norms = None if norm_levels is None else norm_levels[codes[..., codebook_count].long()]
-                return model.score_codes(tables, codes[..., :codebook_count], lengths, norms)
+                norms = None if norm_levels is None else norm_levels[codes[..., code_bytes].long()]
+                return model.score_codes(tables, codes[..., :code_bytes], lengths, norms)
             return score_codes
         score = model.score_cls if cls else model.score
         dtype = PRECISIONS[self.precision] or torch.float32  # under bf16 rows go straight to bf16, no fp32 copy

@@ -150,6 +150,10 @@ def define_codec_option_args(parser: argparse.ArgumentParser) -> None:
                         help="--codec rq: end each code in one byte of its vector's norm, so that a model scoring "
                              "cosines from the codes (TK) reads them without decoding: bytes per token = "
                              "--rq-codebooks + 1")
+    parser.add_argument("--rq-word-stage", action="store_true",
+                        help="--codec rq, build only, a model that gives token ids (tk): start each code with its "
+                             "token's id (2 bytes), which decodes to that word's mean vector; the codebooks code the "
+                             "rest: bytes per token = 2 + --rq-codebooks (+ 1 with --rq-norms)")
     parser.add_argument("--sample-tokens", type=int, default=None, metavar="N",
                         help="any compressed codec: how many token vectors train it (default 65,536, fewer above "
                              "width 512); more cost more training time")
@@ -204,7 +208,7 @@ def _build(args: argparse.Namespace) -> int:
             device=args.device, overwrite=args.overwrite, restart=args.restart,
             shards=args.shards, shard=args.shard, engine=args.engine, address=args.address,
             max_retries=args.max_retries, cpus_per_task=args.cpus_per_task, gpus_per_task=args.gpus_per_task,
-            windows=windows)
+            windows=windows, rq_word_stage=args.rq_word_stage)
         if options.engine == "ray":
             import_ray()  # before loading any model: say at once what to install
         resolve_device(options.device)  # likewise: a GPU that is not there fails before the model loads
@@ -321,6 +325,9 @@ def _info_sharded(args: argparse.Namespace) -> int:
 
 def _transcode(args: argparse.Namespace) -> int:
     options = _codec_options(args)
+    if args.rq_word_stage:
+        raise ValueError("--rq-word-stage codes each token's id, which a sidecar does not keep: build the store with "
+                        "`sidecar build --codec rq --rq-word-stage` instead of transcoding")
     path = transcode_sidecar(args.source, args.output, codec=args.codec, dtype=args.dtype, codec_options=options,
                              overwrite=args.overwrite, restart=args.restart)
     print(f"sidecar written to {path}")

@@ -35,7 +35,7 @@ from ..models import RankingModel, load_model
 from ..precision import resolve_device, resolve_precision
 from ..windows import WindowOptions, document_capacity, full_window_count, split_text, token_spans
 from .assemble import assemble_shards
-from .codecs import CODECS, TokenCodec, is_compressed
+from .codecs import CODECS, RQ, TokenCodec, is_compressed
 from .format import (
     MANIFEST,
     SidecarExistsError,
@@ -107,8 +107,11 @@ class BuildOptions:
             :mod:`.codecs`). Unsharded, it is trained on the first documents written; sharded, once for every shard
             on documents drawn across the collection (see ``trained_codec``).
         codec_options: the codec's settings (``pq_subquantizers``; ``nbits``, ``num_centroids``, ``residual_dims``;
-            ``sample_tokens``), checked when the codec is made (the command line checks them first with
-            :func:`.codecs.codec_options`).
+            ``rq_codebooks``, ``rq_norms``; ``sample_tokens``), checked when the codec is made (the command line checks
+            them first with :func:`.codecs.codec_options`).
+        rq_word_stage: the ``rq`` codec's word stage (``rq_words`` set to the model's vocabulary): each code starts
+            with its token's id, which the model gives while it encodes (:mod:`.rq`); refused for another codec or a
+            model that gives no ids.
         trained_codec: the directory of the build's trained codec (:mod:`.trained_codec`); default: the sidecar
             directory for a whole sharded build and ``train_codec``, the shard directory's parent for one shard.
             A sharded build with a compressed codec trains it there when it is missing, then every shard adopts
@@ -154,10 +157,13 @@ class BuildOptions:
     cpus_per_task: float = 1.0
     gpus_per_task: float | None = None
     windows: WindowOptions = field(default_factory=WindowOptions)
+    rq_word_stage: bool = False
 
     def __post_init__(self) -> None:
         if self.codec not in CODECS:
             raise ValueError(f"--codec must be one of {', '.join(CODECS)}, not {self.codec}")
+        if self.rq_word_stage and self.codec != RQ:
+            raise ValueError(f"--rq-word-stage applies to --codec rq, not {self.codec}")
         if self.engine not in ENGINES:
             raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, not {self.engine}")
         if self.shards is not None and self.shards < 1:
@@ -241,12 +247,17 @@ class _BuildInputs:
 def _build_inputs(options: BuildOptions, model: RankingModel, progress: bool = True) -> Iterator[_BuildInputs]:
     resolved = resolve_index(options.index)
     output = Path(options.output) if options.output else default_sidecar_path(resolved.path, options.reranker, model)
+    codec_options = dict(options.codec_options or {})
+    if options.rq_word_stage:  # before the index opens: a model without token ids is refused at once
+        if not model.stored_vocabulary:
+            raise ValueError(f"--rq-word-stage codes the token id of each stored vector, which a {model.model_type} "
+                             "model does not give (tk does)")
+        codec_options["rq_words"] = model.stored_vocabulary
     searcher = open_searcher(resolved)
     try:
         texts = collection_texts(options.collection, searcher) if options.collection else None
         settings = dict(reranker_name=options.reranker, batch_size=options.batch_size, dtype=options.dtype,
-                        windows=options.windows,
-                        codec=options.codec, codec_options=dict(options.codec_options or {}) or None,
+                        windows=options.windows, codec=options.codec, codec_options=codec_options or None,
                         precision=options.precision, texts=texts,
                         overwrite=options.overwrite, restart=options.restart,
                         source=str(resolved.prebuilt_name or resolved.path), progress=progress, trained_codec=None)
@@ -381,11 +392,12 @@ def train_build_codec(inputs: _BuildInputs, directory: str | os.PathLike, *, ove
         logger.info("reusing the %s codec of %s (trained on %d tokens)", trained.name, trained.path,
                     trained.trained_on)
         return trained
-    sample, rows = codec_sample(inputs.searcher, inputs.model, inputs.settings["texts"],
-                                sample_tokens=codec.sample_tokens, batch_size=inputs.settings["batch_size"],
-                                precision=inputs.settings["precision"], windows=inputs.settings["windows"],
-                                seed=seed, progress=inputs.settings["progress"])
-    codec.train(sample)
+    sample, rows, token_ids = codec_sample(inputs.searcher, inputs.model, inputs.settings["texts"],
+                                           sample_tokens=codec.sample_tokens, batch_size=inputs.settings["batch_size"],
+                                           precision=inputs.settings["precision"], windows=inputs.settings["windows"],
+                                           seed=seed, progress=inputs.settings["progress"],
+                                           token_ids=codec.needs_token_ids)
+    codec.train(sample, token_ids)
     trained = save_trained_codec(directory, codec, trained_for=trained_for,
                                  sample={"documents": len(rows), "tokens": len(sample), "seed": seed,
                                          "rows": rows.tolist()})
@@ -396,9 +408,9 @@ def train_build_codec(inputs: _BuildInputs, directory: str | os.PathLike, *, ove
 
 def codec_sample(searcher, model: RankingModel, texts: list[str] | None, *, sample_tokens: int, batch_size: int,
                  precision: str, windows: WindowOptions | None = None, seed: int = CODEC_SAMPLE_SEED,
-                 progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """``[<= sample_tokens, dim]`` float32 stored vectors of documents drawn across the whole collection, and the
-    rows drawn (increasing).
+                 progress: bool = True, token_ids: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """``[<= sample_tokens, dim]`` float32 stored vectors of documents drawn across the whole collection, the rows
+    drawn (increasing), and with ``token_ids`` the vectors' token ids ``[<= sample_tokens]`` (else None).
 
     Rows are taken in a seeded random order (``seed``), a grid window of ``batch_size * WINDOW_BATCHES`` documents
     at a time (each window encoded in row order, as a build encodes), until the windows hold ``sample_tokens``
@@ -413,6 +425,7 @@ def codec_sample(searcher, model: RankingModel, texts: list[str] | None, *, samp
     window = batch_size * WINDOW_BATCHES
     model.eval()
     pieces: list[np.ndarray] = []
+    id_pieces: list[np.ndarray] = []
     drawn: list[np.ndarray] = []
     tokens = 0
     bar = tqdm(total=sample_tokens, unit="token", desc="codec sample", disable=not progress)
@@ -420,10 +433,11 @@ def codec_sample(searcher, model: RankingModel, texts: list[str] | None, *, samp
         for start in range(0, num_docs, window):
             rows = np.sort(order[start:start + window])
             documents = [texts[row] if texts is not None else document_text(searcher.doc(int(row))) for row in rows]
-            reps, _ = _encode_window(model, [text for document in documents
-                                             for text in split_text(document, model.tokenizer, capacity, windows)],
-                                     batch_size)
+            reps, _, ids = _encode_window(model, [text for document in documents
+                                                  for text in split_text(document, model.tokenizer, capacity, windows)],
+                                          batch_size, token_ids)
             pieces += [rep.float().numpy() for rep in reps]
+            id_pieces += [piece.numpy() for piece in ids or ()]
             drawn.append(rows)
             added = sum(len(rep) for rep in reps)
             tokens += added
@@ -433,7 +447,8 @@ def codec_sample(searcher, model: RankingModel, texts: list[str] | None, *, samp
     bar.close()
     sample = (np.concatenate(pieces) if pieces else np.zeros((0, model.store_width), dtype=np.float32))
     rows = np.sort(np.concatenate(drawn)) if drawn else np.zeros(0, dtype=np.int64)
-    return np.ascontiguousarray(sample[:sample_tokens], dtype=np.float32), rows
+    ids = (np.concatenate(id_pieces or [np.zeros(0, dtype=np.int64)])[:sample_tokens] if token_ids else None)
+    return np.ascontiguousarray(sample[:sample_tokens], dtype=np.float32), rows, ids
 
 
 def _refuse_shards_without_their_codec(output: Path, num_shards: int, directory: Path) -> None:
@@ -607,6 +622,7 @@ def _encode_rows(searcher, model: RankingModel, writer: SidecarWriter, texts: li
     else:
         documents = ((row, texts[row]) for row in range(first_row, last_row))
     autocast = _autocast(model, precision)
+    wants_ids = writer.codec is not None and writer.codec.needs_token_ids
     # Counted before an interruption, when the build resumes.
     truncated = writer.build_info.get("truncated_documents", 0)
     stored = writer.build_info.get("windows_stored", 0)
@@ -625,7 +641,8 @@ def _encode_rows(searcher, model: RankingModel, writer: SidecarWriter, texts: li
             pieces = [split_text(text, model.tokenizer, capacity, windows) for _, text in chunk]
             counts = np.array([len(piece) for piece in pieces], dtype=np.int64)
             firsts = np.cumsum(counts) - counts
-            reps, truncated_flags = _encode_window(model, [text for piece in pieces for text in piece], batch_size)
+            reps, truncated_flags, ids = _encode_window(model, [text for piece in pieces for text in piece],
+                                                        batch_size, wants_ids)
             missing = [_windows_missing(model.tokenizer, chunk[i][1], capacity, windows, int(counts[i])) for i in keep]
             truncated += int(sum(bool(truncated_flags[firsts[i] + counts[i] - 1]) or bool(gone)
                                  for i, gone in zip(keep, missing)))
@@ -634,8 +651,9 @@ def _encode_rows(searcher, model: RankingModel, writer: SidecarWriter, texts: li
             dropped += sum(missing)
             writer.update_build({"truncated_documents": truncated, "windows_stored": stored,
                                  "capped_documents": capped, "windows_dropped": dropped})
-            writer.add([reps[firsts[i] + k].float().numpy() for i in keep for k in range(counts[i])],
-                       windows=counts[keep], capped=sum(1 for gone in missing if gone))
+            kept = [firsts[i] + k for i in keep for k in range(counts[i])]
+            writer.add([reps[j].float().numpy() for j in kept], windows=counts[keep],
+                       capped=sum(1 for gone in missing if gone), token_ids=[ids[j] for j in kept] if ids else None)
             bar.update(len(keep))
     bar.close()
     writer.update_build({"encode_seconds": round(time.perf_counter() - started, 3)})
@@ -667,13 +685,14 @@ def _docids(searcher, row_start: int, row_end: int) -> list[str]:
     return [searcher.doc(row).docid() for row in range(row_start, row_end)]
 
 
-def _encode_window(model, texts: list[str], batch_size: int):
+def _encode_window(model, texts: list[str], batch_size: int, token_ids: bool = False):
     """Encode ``texts`` sorted by length (less padding) on the model's device, returned in input order on the CPU,
-    plus whether each was truncated."""
+    plus whether each was truncated, and with ``token_ids`` the token id of each stored vector (else None)."""
     device = _model_device(model)
     lengths = [len(text) for text in texts]
     order = np.argsort(lengths, kind="stable")
     reps: list = [None] * len(texts)
+    ids: list | None = [None] * len(texts) if token_ids else None
     truncated = np.zeros(len(texts), dtype=bool)
     for start in range(0, len(order), batch_size):
         chunk = order[start:start + batch_size]
@@ -684,7 +703,10 @@ def _encode_window(model, texts: list[str], batch_size: int):
             encoded = torch.cat(encoded).cpu().split([len(rep) for rep in encoded])
         for i, rep in zip(chunk, encoded):
             reps[i] = rep
-    return reps, truncated
+        if ids is not None:
+            for i, piece in zip(chunk, model.stored_token_ids(batch)):
+                ids[i] = piece
+    return reps, truncated, ids
 
 
 def _truncated(model, texts: list[str], batch) -> np.ndarray:

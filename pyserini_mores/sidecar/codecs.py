@@ -10,8 +10,8 @@ and its settings. The trained parameters go to ``codec.bin`` as flat little-endi
 data file: for the scalar quantisers faiss's per-dimension minimum and range (``[2, dim]``), for PQ the centroids
 (``[M, 256, dim / M]``), for ``opq`` its rotation ``[dim, dim]`` then its PQ centroids (see :mod:`.opq`), for
 ``residual`` its centroids, kept dimensions, bucket cutoffs and weights (see :mod:`.residual`), for ``rq`` its
-codebooks ``[M, 256, dim]``. ``fp16`` is the identity: the uncompressed store of before (``--dtype``, float16 by
-default).
+codebooks ``[M, 256, dim]`` (after its word means ``[V, dim]`` with a word stage: see :mod:`.rq`). ``fp16`` is the
+identity: the uncompressed store of before (``--dtype``, float16 by default).
 
 Needs numpy only until a codec is built: faiss is imported then (``sidecar info`` stays light).
 """
@@ -40,13 +40,17 @@ PQ_BITS = 8  # 256 centroids per sub-quantiser: one byte per code, the layout fa
 # DEFAULT_SAMPLE_TOKENS). PQ's k-means wants >= 39 x 256 points per sub-quantiser; faiss subsamples to 256 x 256.
 DEFAULT_SAMPLE_TOKENS = 65536
 DEFAULT_SAMPLE_BYTES = 128 * 1024 * 1024
+# An rq word stage's sample gives each word its mean, and a word it misses is coded whole, far worse: it takes 16 times
+# as many tokens (a word's mean costs a sum; the codebooks' k-means subsample as ever).
+WORD_STAGE_SAMPLE_TOKENS = 1024 * 1024
+WORD_STAGE_SAMPLE_BYTES = 2 * 1024 * 1024 * 1024
 RESIDUAL = "residual"
 RESIDUAL_OPTIONS = ("nbits", "num_centroids", "residual_dims")
 OPQ = "opq"
 PQ_CODECS = ("pq", OPQ)  # the codecs that take pq_subquantizers
 RQ = "rq"
 # codec.options' keys
-MANIFEST_OPTIONS = ("sample_tokens", "pq_subquantizers", *RESIDUAL_OPTIONS, "rq_codebooks", "rq_norms")
+MANIFEST_OPTIONS = ("sample_tokens", "pq_subquantizers", *RESIDUAL_OPTIONS, "rq_codebooks", "rq_norms", "rq_words")
 
 
 def is_compressed(name: str | None) -> bool:
@@ -64,12 +68,14 @@ def default_pq_subquantizers(dim: int) -> int:
 
 
 class Codebooks(NamedTuple):
-    """An additive codec's codebooks: ``entries [M, K, dim]`` float32 (a code's first ``M`` bytes pick one entry of
-    each, and the entries sum to its vector) and, when its codes end in a norm byte, ``norm_levels [256]`` float32
-    (the norm of the vector each value of that byte stands for), else ``None``."""
+    """An additive codec's codebooks: ``entries [M, K, dim]`` float32 (``M`` bytes of a code pick one entry of each,
+    and the entries sum to its vector); when its codes end in a norm byte, ``norm_levels [256]`` float32 (the norm
+    of the vector each value of that byte stands for), else ``None``; with a word stage, ``words [V, dim]`` float32,
+    the word means that the two bytes before the entries' pick one of and that add to the sum, else ``None``."""
 
     entries: np.ndarray
     norm_levels: np.ndarray | None
+    words: np.ndarray | None = None
 
 
 class TokenCodec:
@@ -85,8 +91,11 @@ class TokenCodec:
         rq_codebooks: ``M`` of ``rq`` (:class:`.rq.ResidualVectorQuantizer`), 1 … 256 (default ``dim / 8``).
         rq_norms: 1 for ``rq`` codes that end in a byte of the reconstruction's norm (what scoring cosines from
             codes needs, see :attr:`norm_levels`).
+        rq_words: the vocabulary size of an ``rq`` word stage: each code starts with its token's id (2 bytes), whose
+            word mean the codebooks add to; :meth:`train` and :meth:`encode` then need the token ids.
         sample_tokens: how many of the first token vectors train it (default: :data:`DEFAULT_SAMPLE_TOKENS`, capped
-            at :data:`DEFAULT_SAMPLE_BYTES` of float32).
+            at :data:`DEFAULT_SAMPLE_BYTES` of float32; with ``rq_words`` :data:`WORD_STAGE_SAMPLE_TOKENS`, capped at
+            :data:`WORD_STAGE_SAMPLE_BYTES`).
 
     Example::
 
@@ -98,7 +107,7 @@ class TokenCodec:
 
     def __init__(self, name: str, dim: int, *, pq_subquantizers: int | None = None, sample_tokens: int | None = None,
                  nbits: int | None = None, num_centroids: int | None = None, residual_dims: int | None = None,
-                 rq_codebooks: int | None = None, rq_norms: int | None = None):
+                 rq_codebooks: int | None = None, rq_norms: int | None = None, rq_words: int | None = None):
         if name not in CODEC_DTYPES:
             raise ValueError(f"unknown codec {name!r}; known: {', '.join(CODECS)}")
         if dim <= 0:
@@ -123,18 +132,24 @@ class TokenCodec:
         elif any(value is not None for value in residual_options.values()):
             given = sorted(key for key, value in residual_options.items() if value is not None)
             raise ValueError(f"{', '.join(given)} apply to the residual codec, not {name}")
-        budget = max(1, DEFAULT_SAMPLE_BYTES // (4 * self.dim))
-        self.sample_tokens = int(sample_tokens) if sample_tokens else min(DEFAULT_SAMPLE_TOKENS, budget)
+        if rq_words:  # a word the sample misses has no mean: the sample must hold nearly every word the store will
+            budget = max(1, WORD_STAGE_SAMPLE_BYTES // (4 * self.dim))
+            self.sample_tokens = int(sample_tokens) if sample_tokens else min(WORD_STAGE_SAMPLE_TOKENS, budget)
+        else:
+            budget = max(1, DEFAULT_SAMPLE_BYTES // (4 * self.dim))
+            self.sample_tokens = int(sample_tokens) if sample_tokens else min(DEFAULT_SAMPLE_TOKENS, budget)
         if self.sample_tokens <= 0:
             raise ValueError(f"sample_tokens must be positive, not {sample_tokens}")
         self._opq = OptimizedProductQuantizer(self.dim, self.pq_subquantizers) if name == OPQ else None
         codebooks = max(1, self.dim // 8) if rq_codebooks is None else int(rq_codebooks)
         if rq_norms not in (None, 1):
             raise ValueError(f"rq_norms is 1 (a norm byte) when given, not {rq_norms}")
-        self._rq = ResidualVectorQuantizer(self.dim, codebooks, norms=bool(rq_norms)) if name == RQ else None
-        if name != RQ and (rq_codebooks is not None or rq_norms is not None):
-            raise ValueError(f"{'rq_codebooks' if rq_codebooks is not None else 'rq_norms'} applies to the rq "
-                             f"codec, not {name}")
+        self._rq = (ResidualVectorQuantizer(self.dim, codebooks, norms=bool(rq_norms), words=rq_words or 0)
+                    if name == RQ else None)
+        given_rq = [key for key, value in (("rq_codebooks", rq_codebooks), ("rq_norms", rq_norms),
+                                           ("rq_words", rq_words)) if value is not None]
+        if name != RQ and given_rq:
+            raise ValueError(f"{given_rq[0]} applies to the rq codec, not {name}")
         self._model = self._residual or self._opq or self._rq  # a codec of this package's own, not a faiss index
         self.trained_on = 0
         self._index = self._new_index() if self._model is None else None
@@ -163,7 +178,15 @@ class TokenCodec:
     def codebooks(self) -> Codebooks | None:
         """The ``rq`` codec's codebooks, for a consumer that scores codes by look-up tables instead of decoding them;
         ``None`` for every other codec."""
-        return Codebooks(self._rq.codebooks_array, self._rq.norm_levels) if self._rq is not None else None
+        if self._rq is None:
+            return None
+        return Codebooks(self._rq.codebooks_array, self._rq.norm_levels, self._rq.word_means)
+
+    @property
+    def needs_token_ids(self) -> bool:
+        """True for a codec that codes each vector's token id (``rq`` with a word stage): :meth:`train` and
+        :meth:`encode` need the ids."""
+        return self._rq is not None and bool(self._rq.words)
 
     @property
     def min_training_tokens(self) -> int:
@@ -203,14 +226,18 @@ class TokenCodec:
                 f"trained={self.trained})")
 
     # ---- training, parameters ----------------------------------------------------------------------------------
-    def train(self, sample: np.ndarray) -> None:
-        """Fit the codec to ``sample [n, dim]`` (per-dimension ranges, or k-means per sub-space for PQ)."""
+    def train(self, sample: np.ndarray, token_ids: np.ndarray | None = None) -> None:
+        """Fit the codec to ``sample [n, dim]`` (per-dimension ranges, or k-means per sub-space for PQ);
+        ``token_ids [n]``: the sample's token ids, for a codec that :attr:`needs_token_ids` (else ignored)."""
         sample = _float32_rows(sample, self.dim)
         if len(sample) < self.min_training_tokens:
             raise ValueError(f"the {self.name} codec needs at least {self.min_training_tokens} token vectors to train, "
                              f"got {len(sample)}; {self.too_few_tokens_hint}")
         if self._model is not None:
-            self._model.train(sample)
+            if self.needs_token_ids:
+                self._rq.train(sample, token_ids)
+            else:
+                self._model.train(sample)
             self.trained_on = len(sample)
             return
         self._index = self._new_index()
@@ -246,10 +273,13 @@ class TokenCodec:
         self._index.is_trained = True
 
     # ---- encode / decode -------------------------------------------------------------------------------------------
-    def encode(self, vectors: np.ndarray) -> np.ndarray:
-        """``[n, code_size]`` uint8 codes of ``vectors [n, dim]`` (values outside the trained range are clamped)."""
+    def encode(self, vectors: np.ndarray, token_ids: np.ndarray | None = None) -> np.ndarray:
+        """``[n, code_size]`` uint8 codes of ``vectors [n, dim]`` (values outside the trained range are clamped);
+        ``token_ids [n]``: their token ids, for a codec that :attr:`needs_token_ids` (else ignored)."""
         self._check_trained()
         vectors = _float32_rows(vectors, self.dim)
+        if self.needs_token_ids:
+            return self._rq.encode(vectors, token_ids)
         if not len(vectors):
             return np.zeros((0, self.code_size), dtype=CODE_DTYPE)
         if self._model is not None:
@@ -319,7 +349,7 @@ def codec_from_manifest(entry: Mapping[str, Any], dim: int, parameters: np.ndarr
     try:
         codec = TokenCodec(str(entry["name"]), dim, pq_subquantizers=options.get("pq_subquantizers"),
                            sample_tokens=options.get("sample_tokens"), rq_codebooks=options.get("rq_codebooks"),
-                           rq_norms=options.get("rq_norms"),
+                           rq_norms=options.get("rq_norms"), rq_words=options.get("rq_words"),
                            **{key: options.get(key) for key in RESIDUAL_OPTIONS})
     except (KeyError, TypeError, ValueError) as error:
         raise SidecarCorruptError(f"{source}: field 'codec' does not describe a codec: {error}") from None
@@ -351,7 +381,8 @@ def codec_options(codec: str, *, pq_subquantizers: int | None = None, nbits: int
                   sample_tokens: int | None = None) -> dict[str, int] | None:
     """The options dict of ``codec`` from its command-line settings (``None`` when none is set), checked before any
     work starts: each setting belongs to its codec and lies in its range (the dim-dependent checks come when the
-    codec is made). Raises ``ValueError`` naming the flag."""
+    codec is made; ``--rq-word-stage``, which takes its vocabulary from the model, is checked by the build). Raises
+    ``ValueError`` naming the flag."""
     from .residual import MAX_CENTROIDS, NBITS
     from .rq import MAX_CODEBOOKS
 

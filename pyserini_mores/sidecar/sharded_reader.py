@@ -175,6 +175,8 @@ class ShardedSidecarReader(ManifestMetadata):
                 books is not None and np.array_equal(first.entries, books.entries)
                 and (first.norm_levels is None) == (books.norm_levels is None)
                 and (first.norm_levels is None or np.array_equal(first.norm_levels, books.norm_levels))
+                and (first.words is None) == (books.words is None)
+                and (first.words is None or np.array_equal(first.words, books.words))
                 for books in codebooks)
             self._store_codebooks = codebooks[0] if shared else None
         return self._store_codebooks

@@ -138,8 +138,8 @@ class SidecarWriter:
         self._codec = _make_codec(codec, self.dim, codec_options)  # None: vectors stored as they are
         if self._codec is not None:
             self.dtype = self._codec.name  # the manifest dtype of a compressed sidecar
-        # (window lengths, float32 tokens, windows per document) awaiting the codec
-        self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        # (window lengths, float32 tokens, windows per document, token ids or None) awaiting the codec
+        self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]] = []
         self.windows = _check_windows(windows)
         self.model = _check_model(model)
         self.index = json_normalized(dict(index))
@@ -199,19 +199,22 @@ class SidecarWriter:
     def rows_done(self) -> int:
         """Documents added (written, and durable once committed; under a codec still untrained, some may wait in
         memory). A resumed build continues at this row."""
-        return self._rows_done + sum(len(counts) for _, _, counts in self._pending)
+        return self._rows_done + sum(len(counts) for _, _, counts, _ in self._pending)
 
     @property
     def num_tokens(self) -> int:
         return self._num_tokens
 
-    def add(self, reps: Sequence[Any], windows: Sequence[int] | np.ndarray | None = None, capped: int = 0) -> int:
+    def add(self, reps: Sequence[Any], windows: Sequence[int] | np.ndarray | None = None, capped: int = 0,
+            token_ids: Sequence[Any] | None = None) -> int:
         """Append the next documents. Each of ``reps`` is a ``[len_i, dim]`` numpy array or torch tensor: one per
         document, or with ``windows`` one per window, ``windows[d]`` consecutive windows (at least 1) for the
         ``d``-th document added (a document's stored rows are its windows' rows one after the other).
 
         ``len_i`` may be 0 (an empty document). ``capped``: how many of these documents had windows the build's
-        ``max_windows`` left out (recorded in the manifest's ``windows``). Returns :attr:`rows_done`.
+        ``max_windows`` left out (recorded in the manifest's ``windows``). ``token_ids``: for a codec that codes
+        them (:attr:`.codecs.TokenCodec.needs_token_ids`, and only then), each rep's ``[len_i]`` token ids.
+        Returns :attr:`rows_done`.
         """
         self._check_writable()
         counts = (np.ones(len(reps), dtype=np.int64) if windows is None
@@ -225,6 +228,7 @@ class SidecarWriter:
         if self.rows_done + len(counts) > self.num_docs:
             raise ValueError(f"{len(counts)} documents added at row {self.rows_done}, but the sidecar has only "
                              f"{self.num_docs} rows")
+        ids = self._checked_token_ids(reps, token_ids)
         if not len(counts):
             return self.rows_done
         self._capped += int(capped)
@@ -233,10 +237,10 @@ class SidecarWriter:
             return self._rows_done
         lengths, tokens = _to_storage(reps, self.dim, "float32", first_row=self.rows_done)
         if self._codec.trained:
-            self._write_rows(lengths, self._codec.encode(tokens), counts)
+            self._write_rows(lengths, self._codec.encode(tokens, ids), counts)
         else:
-            self._pending.append((lengths, tokens, counts))
-            if sum(len(pending) for _, pending, _ in self._pending) >= self._codec.sample_tokens:
+            self._pending.append((lengths, tokens, counts, ids))
+            if sum(len(pending) for _, pending, _, _ in self._pending) >= self._codec.sample_tokens:
                 self._train_codec()
         return self.rows_done
 
@@ -527,16 +531,16 @@ class SidecarWriter:
         resumed build)."""
         return 0 if self._codec is None or self._codec.trained else self._codec.sample_tokens
 
-    def train_codec(self, sample: np.ndarray) -> None:
-        """Train the codec now on ``sample [n, dim]`` (float32) instead of on the first documents added, e.g. on
-        documents drawn across a whole store (see :func:`.transcode.transcode_sidecar`), and store its parameters.
-        Only before any document is added."""
+    def train_codec(self, sample: np.ndarray, token_ids: np.ndarray | None = None) -> None:
+        """Train the codec now on ``sample [n, dim]`` (float32; ``token_ids [n]`` for a codec that codes them)
+        instead of on the first documents added, e.g. on documents drawn across a whole store (see
+        :func:`.transcode.transcode_sidecar`), and store its parameters. Only before any document is added."""
         self._check_writable()
         if self._codec is None or self._codec.trained:
             raise ValueError("train_codec needs an untrained codec (none, or trained before an interruption)")
         if self.rows_done or self._pending:
             raise ValueError("train_codec must come before the first document is added")
-        self._codec.train(np.ascontiguousarray(sample, dtype=np.float32))
+        self._codec.train(np.ascontiguousarray(sample, dtype=np.float32), token_ids)
         self._store_codec()
 
     def adopt_codec(self, parameters: np.ndarray, trained_on: int = 0) -> None:
@@ -555,12 +559,34 @@ class SidecarWriter:
 
     def _train_codec(self) -> None:
         """Train the codec on the first tokens waiting, store its parameters, then write every waiting document."""
-        sample = np.concatenate([tokens for _, tokens, _ in self._pending])[:self._codec.sample_tokens]
-        self._codec.train(sample)
+        size = self._codec.sample_tokens
+        sample = np.concatenate([tokens for _, tokens, _, _ in self._pending])[:size]
+        ids = (np.concatenate([ids for _, _, _, ids in self._pending])[:size] if self._codec.needs_token_ids
+               else None)
+        self._codec.train(sample, ids)
         self._store_codec()
         pending, self._pending = self._pending, []
-        for lengths, tokens, counts in pending:
-            self._write_rows(lengths, self._codec.encode(tokens), counts)
+        for lengths, tokens, counts, ids in pending:
+            self._write_rows(lengths, self._codec.encode(tokens, ids), counts)
+
+    def _checked_token_ids(self, reps: Sequence[Any], token_ids: Sequence[Any] | None) -> np.ndarray | None:
+        """``token_ids`` as one int64 array of every rep's ids in order when the codec codes them, else None; refuses
+        ids missing, unasked for or of other lengths than their reps, before anything is written."""
+        wanted = self._codec is not None and self._codec.needs_token_ids
+        if token_ids is None:
+            if wanted:
+                raise ValueError(f"the {self._codec.name} codec codes each token's id (a word stage): pass token_ids")
+            return None
+        if not wanted:
+            raise ValueError("token_ids are for a codec that codes them (rq with a word stage), not this sidecar's")
+        if len(token_ids) != len(reps):
+            raise ValueError(f"{len(token_ids)} token id arrays for {len(reps)} reps")
+        arrays = [np.asarray(ids.cpu() if hasattr(ids, "cpu") else ids, dtype=np.int64).reshape(-1)
+                  for ids in token_ids]
+        for position, (ids, rep) in enumerate(zip(arrays, reps)):
+            if len(ids) != len(rep):
+                raise ValueError(f"rep {position} has {len(rep)} vectors but {len(ids)} token ids")
+        return np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
 
     def _store_codec(self) -> None:
         """Write the trained codec's parameters to ``codec.bin`` (fsynced) and record them for the manifest."""

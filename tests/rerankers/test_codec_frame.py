@@ -57,13 +57,13 @@ def _model(kind: str, tokenizer):
 
 
 def _write(path: Path, model, reps: list[torch.Tensor], docids: list[str], codec: str | None = "opq",
-           options: dict | None = None) -> Path:
+           options: dict | None = None, token_ids: list[torch.Tensor] | None = None) -> Path:
     writer = SidecarWriter(path, dim=model.store_width, docids=docids,
                            model={"model_type": model.model_type, "store_variant": model.store_variant,
                                   "fingerprint": model.store_fingerprint()},
                            index={"num_docs": len(docids), "signature": "test:frame"},
                            **({"codec": codec, "codec_options": options or OPQ} if codec else {"dtype": "float32"}))
-    writer.add([rep.float() for rep in reps])
+    writer.add([rep.float() for rep in reps], token_ids=token_ids)
     writer.finalize()
     return path
 

@@ -3,17 +3,18 @@ is tabled once per query, and a stored vector's products are the sums of its cod
 whose cosines also need the stored norm, scores codes that end in a norm byte: its scores must equal TK's on the
 decoded terms with those norms, and come within the norm byte's rounding of TK on the decoded terms; MaxSim needs
 no norm and must score what it scores on the decoded vectors. Every candidate must be scored with its own codes;
-other codecs, and TK's rq codes without norms, read decoded vectors as before; and a sharded sidecar scores codes
-only when its shards share one codec."""
+other codecs, and TK's rq codes without norms, read decoded vectors as before; a word stage's id adds its word's
+table row; and a sharded sidecar scores codes only when its shards share one codec."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
-from test_codec_frame import QUERY, _candidates, _model, _scores, _sharded, _sidecar, texts  # noqa: F401
+from test_codec_frame import QUERY, _candidates, _model, _scores, _sharded, _sidecar, _write, texts  # noqa: F401
 
 from pyserini_mores.rerankers.learned import ModelReranker
 from pyserini_mores.sidecar import open_sidecar
+from pyserini_mores.sidecar.rq import word_ids
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -119,6 +120,37 @@ def test_the_reranker_scores_tk_from_codes_without_decoding(tk_rq, texts, monkey
     assert reads and not any(reads)
     np.testing.assert_allclose(normalised, _decoded_scores(model, sidecar, rows), rtol=1e-4, atol=1e-4)
     assert 0 < np.abs(normalised - got).max() < 0.02 * (got.max() - got.min())
+
+
+def test_tk_scores_word_stage_codes_as_the_decoded_terms(tmp_path, tokenizer, texts, monkeypatch):  # noqa: F811
+    model = _model("tk", tokenizer)
+    with torch.no_grad():
+        batch = model.tokenize_documents(texts)
+        reps, ids = model.encode_documents(batch), model.stored_token_ids(batch)
+    options = {**RQ, "rq_words": model.stored_vocabulary}
+    sidecar = open_sidecar(_write(tmp_path / "words", model, reps, [f"d{i}" for i in range(len(texts))], "rq",
+                                  options, token_ids=ids), expect_model_fingerprint=model.store_fingerprint())
+    assert sidecar.store_codebooks.words.shape == (len(tokenizer), model.store_width)
+    rows = np.arange(len(texts))
+    codes, lengths = sidecar.get_batch(rows, codes=True)
+    assert codes.shape[-1] == 2 + 4 + 1  # the word id, 4 codebooks, the norm
+    for row in rows:  # every stored term carries its own word's id
+        np.testing.assert_array_equal(word_ids(codes[row, :lengths[row]].numpy()), ids[row].numpy())
+    reads = _recorded_reads(sidecar, monkeypatch)
+    reranker = ModelReranker(model, sidecar, batch_size=7, device="cpu", precision="fp32")
+    assert reranker.scores_codes
+    got = _scores(reranker, texts)
+    assert reads and all(reads)  # nothing decoded
+    want = _scores_with_stored_norms(model, sidecar, rows)  # the decoded terms: word mean + codebook entries
+    assert want.max() - want.min() > 0.1
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    state = model.encode_query(model.tokenize_queries([QUERY]))
+    books = sidecar.store_codebooks
+    tables = model.code_tables(state, torch.from_numpy(books.entries), torch.from_numpy(books.words))
+    damaged = codes[:2, :, :6].clone()
+    damaged[1, 0, :2] = 255  # word 65535
+    with pytest.raises(ValueError, match=f"a code holds word id 65535, beyond the table's {len(tokenizer)} words"):
+        model.score_codes(tables, damaged, lengths[:2], torch.ones(damaged.shape[:2]))
 
 
 @pytest.mark.parametrize("kind", ["maxsim-opq", "tk-opq", "tk-rq without norms"])

@@ -61,7 +61,7 @@ def test_interrupted_build_resumes_to_the_same_bytes(tiny_index, tiny_maxsim_dir
     calls["n"] = 0
     encoded = []
     monkeypatch.setattr(build_module, "_encode_window",
-                        lambda model, texts, batch: encoded.append(len(texts)) or real_encode(model, texts, batch))
+                        lambda model, texts, *rest: encoded.append(len(texts)) or real_encode(model, texts, *rest))
     assert _build(tiny_index, tiny_maxsim_dir, resumed, "--dtype", "float32") == 0
     assert sum(encoded) == 20 - 8  # the two finished windows were kept, not recomputed
     np.testing.assert_array_equal(open_sidecar(resumed).tokens, open_sidecar(whole).tokens)

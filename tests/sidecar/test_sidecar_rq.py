@@ -1,9 +1,12 @@
 """The rq codec (residual vector quantisation: M full-width codebooks summed): its settings and their command-line
 check, its error against PQ and OPQ on clustered data, the batch decode against each row alone, its parameters'
 round trip and validation, and a sidecar stored with it: written, read, transcoded, and refused when its codec file
-or its manifest entry is damaged."""
+or its manifest entry is damaged; and its word stage (a token id, then codebooks on what its word's mean leaves):
+closer than rq of the same size on vectors round their words, decoded as its parts summed, its ids required and
+range-checked, taken by the writer, refused by transcode."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -13,8 +16,8 @@ from sidecar_forge import assert_codec_options_refused, assert_damaged_codec_ref
 
 from pyserini_mores.sidecar import SidecarCorruptError, SidecarWriter, open_sidecar
 from pyserini_mores.sidecar.__main__ import main as sidecar_main
-from pyserini_mores.sidecar.codecs import TokenCodec, code_size, codec_options
-from pyserini_mores.sidecar.rq import ResidualVectorQuantizer
+from pyserini_mores.sidecar.codecs import TokenCodec, code_size, codec_from_manifest, codec_options
+from pyserini_mores.sidecar.rq import ResidualVectorQuantizer, word_ids
 
 DIM, M = 16, 4
 MODEL = {"model_type": "tk", "store_variant": "ctx", "fingerprint": "0123456789abcdef" * 4}
@@ -282,3 +285,173 @@ def test_the_norm_option_and_its_flag(tmp_path, capsys):
                          "--rq-norms"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and "--rq-norms applies to --codec rq, not opq" in err
+
+
+# ---- the word stage ------------------------------------------------------------------------------------------------
+WORDS = 600  # _vectors' word-like points; ids below
+
+
+def _words_and_vectors(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Unit vectors each close to one of 600 word points (TK's terms are 95% their word's embedding), with the id of
+    that word."""
+    words = np.random.default_rng(99).standard_normal((WORDS, DIM))
+    rng = np.random.default_rng(seed)
+    ids = rng.zipf(1.3, count) % WORDS
+    rows = words[ids] + 0.05 * rng.standard_normal((count, DIM))
+    return ids, (rows / np.linalg.norm(rows, axis=1, keepdims=True)).astype(np.float32)
+
+
+def _word_stage(ids, vectors, m: int = M, norms: bool = False) -> ResidualVectorQuantizer:
+    codec = ResidualVectorQuantizer(DIM, m, norms=norms, words=WORDS)
+    codec.train(vectors, ids)
+    return codec
+
+
+def test_the_word_stage_codes_vectors_round_their_words_better_than_rq_of_the_same_size():
+    train_ids, train = _words_and_vectors(12000, seed=1)
+    ids, held_out = _words_and_vectors(2000, seed=2)
+    word_stage = _word_stage(train_ids, train, m=M - 2)  # 2 id bytes + 2 codebooks: M bytes, as rq's M codebooks
+    assert word_stage.code_size == M and TokenCodec("rq", DIM, rq_codebooks=M - 2, rq_words=WORDS).code_size == M
+    codes = word_stage.encode(held_out, ids)
+    assert np.array_equal(word_ids(codes), ids)  # the id's two bytes, little-endian, first
+    plain = _trained(train)
+    errors = {"word stage": _relative_error(_decode(word_stage, codes), held_out),
+              "rq": _relative_error(_decode(plain, plain.encode(held_out)), held_out)}
+    assert errors["word stage"] < 0.8 * errors["rq"], errors
+    # a word the sample never held has no mean: its vectors are coded whole, by codebooks that met such vectors in
+    # training (the sample's second half against its first half's means)
+    unseen = np.isin(ids, train_ids, invert=True)
+    assert unseen.sum() >= 5 and not word_stage.word_means[ids[unseen]].any()
+    # 0.80 here; codebooks trained on the whole sample's residuals, which never meet a whole vector, give 0.95
+    assert _relative_error(_decode(word_stage, codes[unseen]), held_out[unseen]) < 0.85
+
+
+@pytest.mark.parametrize("count", [1, 3, 517])
+def test_a_word_stage_batch_decodes_as_each_code_alone_and_as_its_parts_summed(count):
+    ids, vectors = _words_and_vectors(4000, seed=5)
+    codec = _word_stage(ids, vectors, norms=True)
+    assert codec.code_size == 2 + M + 1
+    codes = codec.encode(*_words_and_vectors(count, seed=6)[::-1])
+    decoded = _decode(codec, codes)
+    assert np.array_equal(decoded, np.concatenate([_decode(codec, code[None]) for code in codes]))
+    books = codec.codebooks_array
+    reference = codec.word_means[word_ids(codes)] + sum(books[m, codes[:, 2 + m]] for m in range(M))
+    np.testing.assert_allclose(decoded, reference, rtol=1e-5, atol=1e-6)
+
+
+def test_word_stage_parameters_round_trip_through_the_manifest_and_bad_ids_are_refused():
+    ids, vectors = _words_and_vectors(4000, seed=8)
+    codec = TokenCodec("rq", DIM, rq_codebooks=M, rq_norms=1, rq_words=WORDS)
+    assert codec.needs_token_ids and not TokenCodec("rq", DIM).needs_token_ids
+    with pytest.raises(ValueError, match="the rq codec's word stage codes each vector's token id: pass token_ids"):
+        codec.train(vectors)
+    codec.train(vectors, ids)
+    entry = codec.manifest_entry()
+    # a word the sample misses has no mean: the word stage's sample is 16 times the others'
+    assert entry["options"] == {"sample_tokens": 1048576, "rq_codebooks": M, "rq_norms": 1, "rq_words": WORDS}
+    assert entry["parameter_count"] == (WORDS + M * 256) * DIM + 2 and entry["code_size"] == 2 + M + 1
+    restored = codec_from_manifest(entry, DIM, codec.parameters())
+    codes = codec.encode(vectors, ids)
+    assert np.array_equal(restored.encode(vectors, ids), codes)
+    assert np.array_equal(restored.decode(codes), codec.decode(codes))
+    with pytest.raises(ValueError, match=re.escape("token ids must lie in 0 … 599 (the codec's 600 words), not "
+                                                   "0 … 600")):
+        codec.encode(vectors[:2], np.array([0, WORDS]))
+    with pytest.raises(ValueError, match="3 token ids for 2 vectors"):
+        codec.encode(vectors[:2], np.array([0, 1, 2]))
+    damaged = codes[:3].copy()
+    damaged[1, :2] = 255  # word 65535 of a 600-word codec
+    with pytest.raises(SidecarCorruptError, match="an rq code holds word id 65535, beyond the codec's 600 words"):
+        codec.decode(damaged)
+    with pytest.raises(SidecarCorruptError, match=re.escape(f"the rq codec (dim 16, {M} codebooks, norms, 600 "
+                                                            "words) has")):
+        ResidualVectorQuantizer(DIM, M, norms=True, words=WORDS).load_parameters(codec.parameters()[WORDS:])
+    with pytest.raises(ValueError, match="rq's word stage takes a vocabulary of 1 to 65536 words, not 70000"):
+        ResidualVectorQuantizer(DIM, M, words=70000)
+
+
+def test_the_writer_takes_token_ids_exactly_when_its_codec_codes_them(tmp_path):
+    ids, vectors = _words_and_vectors(sum(LENGTHS), seed=9)
+    docs, doc_ids = (np.split(array, np.cumsum(LENGTHS)[:-1]) for array in (vectors, ids))
+    writer = SidecarWriter(tmp_path / "sc", dim=DIM, docids=DOCIDS, model=MODEL, index=INDEX, codec="rq",
+                           codec_options={"rq_codebooks": M, "rq_words": WORDS})
+    with pytest.raises(ValueError, match=re.escape("the rq codec codes each token's id (a word stage): pass "
+                                                   "token_ids")):
+        writer.add(docs[:2])
+    with pytest.raises(ValueError, match="rep 0 has 5 vectors but 4 token ids"):
+        writer.add(docs[:2], token_ids=[doc_ids[0][:4], doc_ids[1]])
+    assert writer.rows_done == 0  # refused before anything was kept
+    for start in range(0, len(docs), 7):
+        writer.add(docs[start:start + 7], token_ids=doc_ids[start:start + 7])
+    writer.finalize()
+    codec = _word_stage(ids, vectors)  # trained on every token (fewer than the sample), as the writer did
+    with open_sidecar(tmp_path / "sc") as reader:
+        assert reader.bytes_per_token == 2 + M
+        np.testing.assert_array_equal(word_ids(np.asarray(reader.tokens)), ids)
+        for row in (0, 2, 9, 299):
+            np.testing.assert_array_equal(reader.get(row), _decode(codec, codec.encode(docs[row], doc_ids[row])))
+    plain = SidecarWriter(tmp_path / "plain", dim=DIM, docids=DOCIDS, model=MODEL, index=INDEX, codec="rq",
+                          codec_options={"rq_codebooks": M})
+    with pytest.raises(ValueError, match="token_ids are for a codec that codes them"):
+        plain.add(docs[:1], token_ids=doc_ids[:1])
+
+
+def test_transcode_refuses_the_word_stage_naming_the_build(tmp_path, capsys):
+    writer = SidecarWriter(tmp_path / "src", dim=DIM, docids=DOCIDS, model=MODEL, index=INDEX, dtype="float32")
+    writer.add(_documents())
+    writer.finalize()
+    assert sidecar_main(["transcode", str(tmp_path / "src"), "--output", str(tmp_path / "rq"), "--codec", "rq",
+                         "--rq-word-stage"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("error: --rq-word-stage codes each token's id, which a sidecar does not keep: build the store with "
+                   "`sidecar build --codec rq --rq-word-stage` instead of transcoding\n")
+    assert not (tmp_path / "rq").exists()
+
+
+def test_a_build_codes_each_stored_terms_word_id_and_refuses_what_gives_none(tiny_index, tiny_maxsim_dir, tokenizer,
+                                                                               tmp_path, capsys):
+    import torch
+    from pyserini.search.lucene import LuceneSearcher
+
+    from pyserini_mores.index import iter_index_documents
+    from pyserini_mores.models.tk import TKConfig, TKModel
+    from pyserini_mores.sidecar.build import BuildOptions, run_build
+
+    torch.manual_seed(0)
+    model = TKModel(TKConfig(embedding_dim=32, vocab_size=len(tokenizer), num_layers=1, num_heads=4, head_dim=8,
+                             ffn_dim=16, doc_max_length=32), tokenizer).eval()
+    options = BuildOptions(index=str(tiny_index), reranker="tk", output=str(tmp_path / "sc"), codec="rq",
+                           codec_options={"rq_codebooks": 2}, rq_word_stage=True, batch_size=4, precision="fp32")
+    path = run_build(options, model)
+    searcher = LuceneSearcher(str(tiny_index))
+    texts = [text for _, _, text in iter_index_documents(searcher, 0)]
+    searcher.close()
+    with open_sidecar(path) as reader:
+        assert reader.manifest.codec["options"]["rq_words"] == len(tokenizer) == model.stored_vocabulary
+        assert reader.bytes_per_token == 2 + 2 and reader.num_docs == len(texts) == 20
+        tokens = np.asarray(reader.tokens)
+        for row, text in enumerate(texts):  # each stored term's code starts with that term's id
+            with torch.no_grad():
+                want = model.stored_token_ids(model.tokenize_documents([text]))[0].numpy()
+            codes = tokens[int(reader.offsets[row]):int(reader.offsets[row + 1])]
+            np.testing.assert_array_equal(word_ids(codes), want)
+    # sharded: the one codec every shard adopts is trained on documents drawn across the index, with their ids
+    sharded = run_build(dataclasses.replace(options, output=str(tmp_path / "sharded"), shards=2), model)
+    with open_sidecar(path) as whole, open_sidecar(sharded) as reader:
+        assert reader.store_codebooks.words.shape == (len(tokenizer), 32)
+        rows = np.arange(20)
+        codes, lengths = reader.get_batch(rows, codes=True)
+        want, want_lengths = whole.get_batch(rows, codes=True)
+        assert torch.equal(lengths, want_lengths)
+        for row in rows:
+            np.testing.assert_array_equal(word_ids(codes[row, :lengths[row]].numpy()),
+                                          word_ids(want[row, :lengths[row]].numpy()))
+    with pytest.raises(ValueError, match="--rq-word-stage applies to --codec rq, not opq"):
+        BuildOptions(index=str(tiny_index), reranker="tk", codec="opq", rq_word_stage=True)
+    capsys.readouterr()
+    assert sidecar_main(["build", "--index", str(tiny_index), "--reranker", "maxsim", "--model", str(tiny_maxsim_dir),
+                         "--output", str(tmp_path / "maxsim"), "--codec", "rq", "--rq-word-stage"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("error: --rq-word-stage codes the token id of each stored vector, which a maxsim model does not "
+                   "give (tk does)\n")
+    assert not (tmp_path / "maxsim").exists()

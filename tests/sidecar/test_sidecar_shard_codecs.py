@@ -105,11 +105,11 @@ def test_the_codec_sample_is_drawn_across_the_collection(tiny_index, tiny_maxsim
     searcher = open_searcher(tiny_index)
     try:
         # Windows of 16 documents (1 per batch) in a seeded order; the first window holds more than 40 tokens.
-        sample, rows = build_module.codec_sample(searcher, model, None, sample_tokens=40, batch_size=1,
+        sample, rows, _ = build_module.codec_sample(searcher, model, None, sample_tokens=40, batch_size=1,
                                                  precision="fp32", progress=False)
-        again, same_rows = build_module.codec_sample(searcher, model, None, sample_tokens=40, batch_size=1,
+        again, same_rows, _ = build_module.codec_sample(searcher, model, None, sample_tokens=40, batch_size=1,
                                                      precision="fp32", progress=False)
-        _, other_rows = build_module.codec_sample(searcher, model, None, sample_tokens=40, batch_size=1,
+        _, other_rows, _ = build_module.codec_sample(searcher, model, None, sample_tokens=40, batch_size=1,
                                                   precision="fp32", seed=1, progress=False)
     finally:
         searcher.close()

@@ -397,13 +397,13 @@ def test_ray_build_retries_a_dead_worker_resumes_its_shard_and_skips_finished_sh
         real_encode = worker_build._encode_window
         windows_done = []
 
-        def logged_encode(model, texts, batch_size):
+        def logged_encode(model, texts, *rest):
             with open(log, "a") as out:
                 out.write(f"{shard} attempt {attempt} encodes {len(texts)}\n")
             if shard == 1 and attempt == 1 and windows_done:
                 os._exit(1)  # the worker dies: no exception, no cleanup, like a lost node
             windows_done.append(len(texts))
-            return real_encode(model, texts, batch_size)
+            return real_encode(model, texts, *rest)
 
         worker_build._encode_window = logged_encode
         try:

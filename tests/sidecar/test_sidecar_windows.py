@@ -158,7 +158,7 @@ def _todays_store(index: Path, model, output: Path, batch_size: int) -> tuple[Pa
                        model={"model_type": "t", "store_variant": "v", "fingerprint": "f" * 64}, index=identity,
                        content_hashes=identity.content_hashes()) as writer, torch.inference_mode():
         for start in range(0, len(texts), chunk):
-            reps, flags = build_module._encode_window(model, texts[start:start + chunk], batch_size)
+            reps, flags, _ = build_module._encode_window(model, texts[start:start + chunk], batch_size)
             writer.add([rep.float().numpy() for rep in reps])
             truncated += int(flags.sum())
     return output, truncated
