@@ -209,6 +209,8 @@ def test_a_damaged_codec_file_is_refused_at_open_with_one_line_and_exit_2(tmp_pa
     ({"pq_subquantizers": 4}, "pq_subquantizers applies to the pq codec, not rq"),
     ({"rq_norms": 2}, "rq_norms is 1 (a norm byte) when given, not 2"),
     ({"rq_norms": 1}, "has 16386 parameters, the manifest records 16384"),
+    ({"rq_words": 70000}, "rq's word stage takes a vocabulary of 1 to 65536 words, not 70000"),
+    ({"rq_words": 600}, "has 25984 parameters, the manifest records 16384"),  # (600 words + 4 x 256) x 16
 ])
 def test_manifest_codec_values_out_of_range_are_refused_at_open(tmp_path, capsys, options, message):
     path = tmp_path / "sc"
