@@ -12,8 +12,9 @@ import pytest
 import torch
 from test_codec_frame import QUERY, _candidates, _model, _scores, _sharded, _sidecar, _write, texts  # noqa: F401
 
+from pyserini_mores.models import code_tables
 from pyserini_mores.rerankers.learned import ModelReranker
-from pyserini_mores.sidecar import open_sidecar
+from pyserini_mores.sidecar import open_sidecar, rq
 from pyserini_mores.sidecar.rq import word_ids
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -134,6 +135,7 @@ def test_tk_scores_word_stage_codes_as_the_decoded_terms(tmp_path, tokenizer, te
     rows = np.arange(len(texts))
     codes, lengths = sidecar.get_batch(rows, codes=True)
     assert codes.shape[-1] == 2 + 4 + 1  # the word id, 4 codebooks, the norm
+    assert code_tables.WORD_ID_BYTES == rq.WORD_ID_BYTES == 2  # the tables read the layout the codec writes
     for row in rows:  # every stored term carries its own word's id
         np.testing.assert_array_equal(word_ids(codes[row, :lengths[row]].numpy()), ids[row].numpy())
     reads = _recorded_reads(sidecar, monkeypatch)
