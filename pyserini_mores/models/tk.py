@@ -567,7 +567,8 @@ class TKModel(RankingModel):
 
     def stored_token_ids(self, doc_batch: dict) -> list[torch.Tensor]:
         """Per document the ids of the terms :meth:`encode_documents` stores (its matching terms, in order): a
-        stored term is 95% its word's embedding (the mixer), so an ``rq`` word stage codes the word exactly."""
+        stored term is 95% its word's embedding (the mixer) and lies close to its word's mean, which an ``rq`` word
+        stage codes exactly."""
         input_ids = doc_batch["input_ids"]
         return _compact(input_ids, self._term_mask(input_ids, doc_batch["attention_mask"]))
 

@@ -19,12 +19,13 @@ reconstructions (faiss's ``ST_norm_qint8`` layout), so ``M`` codebooks and the n
 
 With a word stage (``words = V``, the tokenizer's vocabulary size) a code starts with the token's WordPiece id, two
 bytes little-endian, which decodes to that word's mean stored vector in the training sample; the codebooks code what
-that mean leaves. Vectors that are mostly their word's embedding (TK's terms: 95%) are then coded far more closely
-at the same size: the id holds the word exactly, and every codebook goes to the context. Encoding needs each vector's
-token id (the model gives them, :meth:`~pyserini_mores.models.base.RankingModel.stored_token_ids`); decoding reads
-it from the code. A word the sample never showed has no mean: its vector is coded whole, by codebooks that learnt to
-code whole vectors too (the sample's second half is coded against means from its first half while they train, so
-they meet unseen words as often as new documents bring them).
+that mean leaves. Vectors that crowd around their word (TK's terms, 95% their word's embedding) are then coded far
+more closely at the same size: the id holds the word exactly, and every codebook goes to what the context adds.
+Encoding needs each vector's token id (the model gives them,
+:meth:`~pyserini_mores.models.base.RankingModel.stored_token_ids`); decoding reads it from the code. A word the
+sample never showed has no mean: its vector is coded whole, by codebooks that learnt to code whole vectors too (the
+sample's second half is coded against means from its first half while they train, so they meet unseen words as often
+as new documents bring them).
 
 The trained parameters are one flat float32 vector (``codec.bin``): with a word stage the word means ``[V, dim]``
 (zero for a word the sample did not hold), then the codebooks ``[M, 256, dim]``, then with ``norms`` the norm
