@@ -177,9 +177,8 @@ class ResidualVectorQuantizer:
         """``[n, code_size]`` uint8 codes of ``vectors [n, dim]`` float32: with a word stage the word id of each
         (``token_ids [n]``, required then), the codebooks' entries, then with ``norms`` the level nearest to the norm
         of the vector they decode to (clamped to the trained range). ``norms=False``: without that byte (training)."""
+        self._check_trained()
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-        if self._rq is None:
-            raise RuntimeError("the rq codec is not trained yet")
         if not len(vectors):
             return np.zeros((0, self.code_size if norms else self.code_size - self.norms), dtype=CODE_DTYPE)
         if self.words:
