@@ -132,12 +132,11 @@ class TokenCodec:
         elif any(value is not None for value in residual_options.values()):
             given = sorted(key for key, value in residual_options.items() if value is not None)
             raise ValueError(f"{', '.join(given)} apply to the residual codec, not {name}")
-        if rq_words:  # a word the sample misses has no mean: the sample must hold nearly every word the store will
-            budget = max(1, WORD_STAGE_SAMPLE_BYTES // (4 * self.dim))
-            self.sample_tokens = int(sample_tokens) if sample_tokens else min(WORD_STAGE_SAMPLE_TOKENS, budget)
-        else:
-            budget = max(1, DEFAULT_SAMPLE_BYTES // (4 * self.dim))
-            self.sample_tokens = int(sample_tokens) if sample_tokens else min(DEFAULT_SAMPLE_TOKENS, budget)
+        # a word the sample misses has no mean: a word stage's sample must hold nearly every word the store will
+        tokens, sample_bytes = ((WORD_STAGE_SAMPLE_TOKENS, WORD_STAGE_SAMPLE_BYTES) if rq_words
+                                else (DEFAULT_SAMPLE_TOKENS, DEFAULT_SAMPLE_BYTES))
+        budget = max(1, sample_bytes // (4 * self.dim))
+        self.sample_tokens = int(sample_tokens) if sample_tokens else min(tokens, budget)
         if self.sample_tokens <= 0:
             raise ValueError(f"sample_tokens must be positive, not {sample_tokens}")
         self._opq = OptimizedProductQuantizer(self.dim, self.pq_subquantizers) if name == OPQ else None

@@ -24,14 +24,22 @@ MODEL = {"model_type": "tk", "store_variant": "ctx", "fingerprint": "0123456789a
 LENGTHS = [5, 0, 40, 7, 21, 0, 33, 12, 1, 60] * 30  # 300 documents, empty ones included, 5,370 tokens
 DOCIDS = [f"d{row}" for row in range(len(LENGTHS))]
 INDEX = {"num_docs": len(LENGTHS), "signature": "test:rq"}
+WORDS = 600  # the word-like points test vectors crowd around
+
+
+def _words_and_vectors(count: int, seed: int, noise: float = 0.05, dim: int = DIM) -> tuple[np.ndarray, np.ndarray]:
+    """Unit vectors each close to one of 600 word points (TK's terms are 95% their word's embedding), with the id of
+    that word."""
+    words = np.random.default_rng(99).standard_normal((WORDS, dim))
+    rng = np.random.default_rng(seed)
+    ids = rng.zipf(1.3, count) % WORDS
+    rows = words[ids] + noise * rng.standard_normal((count, dim))
+    return ids, (rows / np.linalg.norm(rows, axis=1, keepdims=True)).astype(np.float32)
 
 
 def _vectors(count: int, seed: int = 0, dim: int = DIM) -> np.ndarray:
     """Unit vectors crowded around 600 word-like points, as TK's term vectors are (mostly their word's embedding)."""
-    words = np.random.default_rng(99).standard_normal((600, dim))
-    rng = np.random.default_rng(seed)
-    rows = words[rng.zipf(1.3, count) % len(words)] + 0.15 * rng.standard_normal((count, dim))
-    return (rows / np.linalg.norm(rows, axis=1, keepdims=True)).astype(np.float32)
+    return _words_and_vectors(count, seed, noise=0.15, dim=dim)[1]
 
 
 def _trained(vectors: np.ndarray, m: int = M) -> ResidualVectorQuantizer:
@@ -290,19 +298,6 @@ def test_the_norm_option_and_its_flag(tmp_path, capsys):
 
 
 # ---- the word stage ------------------------------------------------------------------------------------------------
-WORDS = 600  # _vectors' word-like points; ids below
-
-
-def _words_and_vectors(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Unit vectors each close to one of 600 word points (TK's terms are 95% their word's embedding), with the id of
-    that word."""
-    words = np.random.default_rng(99).standard_normal((WORDS, DIM))
-    rng = np.random.default_rng(seed)
-    ids = rng.zipf(1.3, count) % WORDS
-    rows = words[ids] + 0.05 * rng.standard_normal((count, DIM))
-    return ids, (rows / np.linalg.norm(rows, axis=1, keepdims=True)).astype(np.float32)
-
-
 def _word_stage(ids, vectors, m: int = M, norms: bool = False) -> ResidualVectorQuantizer:
     codec = ResidualVectorQuantizer(DIM, m, norms=norms, words=WORDS)
     codec.train(vectors, ids)
