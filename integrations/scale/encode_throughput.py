@@ -113,7 +113,13 @@ def projection(docs_per_s: float, device: str, workers: tuple[int, ...]) -> dict
     """Hours to encode MS MARCO passage at ``docs_per_s``: here, or on one GPU; and on N such workers."""
     hours = MSMARCO_PASSAGES / docs_per_s / 3600
     first = "one GPU" if device.startswith("cuda") else "this machine"
-    return {first: round(hours, 2), **{f"{count} Ray workers": round(hours / count, 3) for count in workers}}
+    return {first: _significant(hours), **{f"{count} Ray workers": _significant(hours / count) for count in workers}}
+
+
+def _significant(value: float, digits: int = 4) -> float:
+    # Fixed decimals would turn a fast projection (0.0416 h) into 0.042, a 1% error; significant digits keep
+    # every projection to the same relative precision.
+    return float(f"{value:.{digits}g}")
 
 
 def report_table(result: dict[str, Any]) -> str:
