@@ -68,6 +68,7 @@ class ResidualVectorQuantizer:
         self.word_bytes = WORD_ID_BYTES if self.words else 0
         self.code_size = self.word_bytes + self.codebooks + self.norms
         self._rq = None  # faiss.ResidualQuantizer
+        self._entries: np.ndarray | None = None  # codebooks_array, copied out of faiss once
         self.word_means: np.ndarray | None = None  # [words, dim] float32 (with a word stage)
         self.norm_range: tuple[float, float] | None = None  # lowest and highest reconstruction norm (with norms)
 
@@ -95,12 +96,16 @@ class ResidualVectorQuantizer:
 
     @property
     def codebooks_array(self) -> np.ndarray:
-        """The codebooks ``[M, 256, dim]`` float32: a code ``c`` decodes to ``Σ_m codebooks[m, c[m]]``."""
+        """The codebooks ``[M, 256, dim]`` float32, read-only: a code ``c`` decodes to ``Σ_m codebooks[m, c[m]]``.
+        Copied out of faiss once (18.9 MB at M = 48, dim 384): a reader asks for them at every read of codes."""
         import faiss
 
         self._check_trained()
-        return faiss.vector_to_array(self._rq.codebooks).astype(np.float32).reshape(self.codebooks, 2 ** BITS,
-                                                                                     self.dim)
+        if self._entries is None:
+            self._entries = faiss.vector_to_array(self._rq.codebooks).astype(np.float32).reshape(
+                self.codebooks, 2 ** BITS, self.dim)
+            self._entries.flags.writeable = False
+        return self._entries
 
     def _new(self):
         import faiss
@@ -131,7 +136,7 @@ class ResidualVectorQuantizer:
             sample, token_ids = sample[drawn], token_ids[drawn]  # the norm range: of the codebooks' points too
         else:
             rq.train(sample)
-        self._rq = rq
+        self._rq, self._entries = rq, None
         if self.norms:
             norms = np.linalg.norm(self._decoded(self.encode(sample, token_ids, norms=False)), axis=1)
             lowest, highest = np.float32(norms.min()), np.float32(max(norms.max(), norms.min() + NORM_SPAN_MIN))
@@ -170,7 +175,7 @@ class ResidualVectorQuantizer:
         faiss.copy_array_to_vector(np.ascontiguousarray(parameters[word_values:entries]), rq.codebooks)
         rq.is_trained = True
         self.word_means = parameters[:word_values].reshape(self.words, self.dim).copy() if self.words else None
-        self._rq = rq
+        self._rq, self._entries = rq, None
 
     # ---- encode / decode -----------------------------------------------------------------------------------------
     def encode(self, vectors: np.ndarray, token_ids: np.ndarray | None = None, *, norms: bool = True) -> np.ndarray:

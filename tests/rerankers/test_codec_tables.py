@@ -232,10 +232,10 @@ def test_a_sharded_sidecar_scores_the_codes_of_the_codec_its_shards_share(tmp_pa
     np.testing.assert_allclose(_scores(reranker, texts),
                                _scores_with_stored_norms(model, whole, np.arange(len(texts))), rtol=1e-4, atol=1e-4)
     # shards whose codebooks differ (assembled by an older version) never have their codes scored by one table
-    other = np.random.default_rng(1).standard_normal(sharded.store_codebooks.entries.size).astype(np.float32)
-    import faiss
-
-    faiss.copy_array_to_vector(other, sharded.shards[1].codec._rq._rq.codebooks)
+    other = whole.codec.parameters().copy()
+    books = sharded.store_codebooks.entries.size
+    other[:books] = np.random.default_rng(1).standard_normal(books)
+    sharded.shards[1].codec.load_parameters(other)
     del sharded._store_codebooks
     assert sharded.store_codebooks is None
     assert not ModelReranker(model, sharded, batch_size=7, device="cpu", precision="fp32").scores_codes

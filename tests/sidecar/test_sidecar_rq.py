@@ -108,6 +108,12 @@ def test_parameters_round_trip_and_damaged_ones_are_refused():
     codes = codec.encode(vectors)
     assert np.array_equal(restored.encode(vectors), codes)
     assert np.array_equal(_decode(codec, codes), _decode(restored, codes))
+    # the codebooks as an array: copied out of faiss once per loading (a reader asks at every read), read-only
+    books = restored.codebooks_array
+    assert restored.codebooks_array is books and not books.flags.writeable
+    assert np.array_equal(books.reshape(-1), parameters)
+    restored.load_parameters(_trained(_vectors(4000, seed=3)).parameters())  # new parameters: a new array
+    assert not np.array_equal(restored.codebooks_array, books)
     fresh = ResidualVectorQuantizer(DIM, M)
     with pytest.raises(SidecarCorruptError, match=re.escape("the rq codec (dim 16, 4 codebooks) has 16384 "
                                                             "parameters, not 16383")):
