@@ -155,6 +155,25 @@ def test_tk_scores_word_stage_codes_as_the_decoded_terms(tmp_path, tokenizer, te
         model.score_codes(tables, damaged, lengths[:2], torch.ones(damaged.shape[:2]))
 
 
+def test_a_words_row_is_made_when_first_asked_for_then_kept():
+    generator = torch.Generator().manual_seed(0)
+    codebooks, means = torch.randn(2, 4, 8, generator=generator), torch.randn(50, 8, generator=generator)
+    vectors = torch.randn(3, 8, generator=generator)
+    tables = code_tables.query_code_tables(vectors, torch.ones(3), codebooks, means)
+    assert tables.table.shape == (2 * 4 + 50, 3) and tables.words.offset == 8
+    # codes: word id 4, 9, 4 / 0, 49 (two bytes, little-endian), then an entry of each codebook
+    codes = torch.tensor([[[4, 0, 1, 2], [9, 0, 3, 0], [4, 0, 0, 0]], [[0, 0, 2, 2], [49, 0, 1, 3], [9, 0, 0, 1]]])
+    decoded = means[codes[..., 0].long()] + codebooks[0][codes[..., 2].long()] + codebooks[1][codes[..., 3].long()]
+    np.testing.assert_allclose(code_tables.code_inner_products(tables, codes).numpy(),
+                               (decoded @ vectors.T).transpose(1, 2).numpy(), rtol=1e-5, atol=1e-5)
+    assert tables.words.made.nonzero().flatten().tolist() == [0, 4, 9, 49]  # only the words asked for
+    means[9] = float("nan")  # a row is made once: asking again reads it, never the mean
+    again = torch.tensor([[[9, 0, 0, 0], [7, 0, 0, 0]]])
+    assert code_tables.code_inner_products(tables, again).isfinite().all() and tables.words.made.sum() == 5
+    with pytest.raises(ValueError, match="a code holds word id 306, beyond the table's 50 words"):
+        code_tables.code_inner_products(tables, torch.tensor([[[3, 0, 0, 0], [50, 1, 0, 0]]]))
+
+
 @pytest.mark.parametrize("kind", ["maxsim-opq", "tk-opq", "tk-rq without norms"])
 def test_other_models_and_codecs_read_decoded_vectors(kind, tmp_path, tokenizer, texts):  # noqa: F811
     name, codec = kind.split()[0].split("-")
