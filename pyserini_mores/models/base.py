@@ -259,14 +259,26 @@ class RankingModel(nn.Module):
         (a code's entries tell inner products, not norms)."""
         raise NotImplementedError(f"{type(self).__name__} scores decoded vectors only")
 
-    #: How many token ids :meth:`stored_token_ids` can give (the vocabulary size), 0 for a model that gives none.
-    stored_vocabulary = 0
+    #: True for a model whose :meth:`encode_documents` stores one vector per real token of a document, in order
+    #: ([CLS] and [SEP] included), each near a point of its word's (MaxSim's): :meth:`stored_token_ids` are then the
+    #: input ids. (MORES's S1 states store the same way, but its word stage measured no better than rq alone.)
+    stores_every_token = False
+
+    @property
+    def stored_vocabulary(self) -> int:
+        """How many token ids :meth:`stored_token_ids` can give (the vocabulary size), 0 for a model that gives
+        none."""
+        return len(self.tokenizer) if self.stores_every_token else 0
 
     def stored_token_ids(self, doc_batch: DocBatch) -> list[torch.Tensor] | None:
         """Per document of ``doc_batch`` the token id of each vector :meth:`encode_documents` stores, in its order,
-        for a model whose stored vectors are one per input token and lie near a point of their token's (TK's terms:
-        an ``rq`` store's word stage codes the id, see ``sidecar.rq``); ``None`` for every other model."""
-        return None
+        for a model whose stored vectors are one per input token and lie near a point of their token's (TK's terms;
+        a model that :attr:`stores_every_token`: an ``rq`` store's word stage codes the id, see ``sidecar.rq``);
+        ``None`` for every other model."""
+        if not self.stores_every_token:
+            return None
+        lengths = doc_batch["attention_mask"].sum(1).tolist()
+        return [doc_batch["input_ids"][i, :length] for i, length in enumerate(lengths)]
 
     def forward(self, query_batch: QueryBatch, doc_batch: DocBatch) -> torch.Tensor:
         """Training path: ``[B]`` scores of aligned (query, document) pairs, both encoded in-graph."""

@@ -61,6 +61,10 @@ class DualEncoder(RankingModel):
             hidden = self.projection(hidden)
         return F.normalize(hidden, dim=-1) if self.config.normalize else hidden
 
+    # Contextual vectors of one word gather round a point of their own (ColBERTv2's observation, Santhanam et al.,
+    # NAACL 2022), which an rq store's word stage codes exactly.
+    stores_every_token = True
+
     def encode_documents(self, doc_batch: dict) -> list[torch.Tensor]:
         vectors = self._token_vectors(doc_batch)
         lengths = doc_batch["attention_mask"].sum(1).tolist()

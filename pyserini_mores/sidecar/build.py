@@ -251,7 +251,7 @@ def _build_inputs(options: BuildOptions, model: RankingModel, progress: bool = T
     if options.rq_word_stage:  # before the index opens: a model without token ids is refused at once
         if not model.stored_vocabulary:
             raise ValueError(f"--rq-word-stage codes the token id of each stored vector, which a {model.model_type} "
-                             "model does not give (tk does)")
+                             "model does not give (tk and maxsim do)")
         codec_options["rq_words"] = model.stored_vocabulary
     searcher = open_searcher(resolved)
     try:

@@ -123,8 +123,9 @@ def test_the_reranker_scores_tk_from_codes_without_decoding(tk_rq, texts, monkey
     assert 0 < np.abs(normalised - got).max() < 0.02 * (got.max() - got.min())
 
 
-def test_tk_scores_word_stage_codes_as_the_decoded_terms(tmp_path, tokenizer, texts, monkeypatch):  # noqa: F811
-    model = _model("tk", tokenizer)
+@pytest.mark.parametrize("name", ["tk", "maxsim"])
+def test_word_stage_codes_score_as_the_decoded_vectors(name, tmp_path, tokenizer, texts, monkeypatch):  # noqa: F811
+    model = _model(name, tokenizer)
     with torch.no_grad():
         batch = model.tokenize_documents(texts)
         reps, ids = model.encode_documents(batch), model.stored_token_ids(batch)
@@ -138,12 +139,16 @@ def test_tk_scores_word_stage_codes_as_the_decoded_terms(tmp_path, tokenizer, te
     assert code_tables.WORD_ID_BYTES == rq.WORD_ID_BYTES == 2  # the tables read the layout the codec writes
     for row in rows:  # every stored term carries its own word's id
         np.testing.assert_array_equal(word_ids(codes[row, :lengths[row]].numpy()), ids[row].numpy())
+        if name == "maxsim":  # MaxSim stores every WordPiece of the text, [CLS] and [SEP] included
+            pieces = tokenizer.tokenize(texts[row])[:int(lengths[row]) - 2]
+            assert tokenizer.convert_ids_to_tokens(ids[row].tolist()) == ["[CLS]", *pieces, "[SEP]"]
     reads = _recorded_reads(sidecar, monkeypatch)
     reranker = ModelReranker(model, sidecar, batch_size=7, device="cpu", precision="fp32")
     assert reranker.scores_codes
     got = _scores(reranker, texts)
     assert reads and all(reads)  # nothing decoded
-    want = _scores_with_stored_norms(model, sidecar, rows)  # the decoded terms: word mean + codebook entries
+    # the decoded vectors (word mean + codebook entries); TK's cosines over the norms the codes store
+    want = (_scores_with_stored_norms if name == "tk" else _decoded_scores)(model, sidecar, rows)
     assert want.max() - want.min() > 0.1
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     state = model.encode_query(model.tokenize_queries([QUERY]))

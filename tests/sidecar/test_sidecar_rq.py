@@ -411,12 +411,13 @@ def test_transcode_refuses_the_word_stage_naming_the_build(tmp_path, capsys):
     assert not (tmp_path / "rq").exists()
 
 
-def test_a_build_codes_each_stored_terms_word_id_and_refuses_what_gives_none(tiny_index, tiny_maxsim_dir, tokenizer,
-                                                                               tmp_path, capsys):
+def test_a_build_codes_each_stored_terms_word_id_and_refuses_what_gives_none(tiny_index, tokenizer, tmp_path, capsys):
     import torch
     from pyserini.search.lucene import LuceneSearcher
 
     from pyserini_mores.index import iter_index_documents
+    from pyserini_mores.models._layers import BertDims
+    from pyserini_mores.models.prettr import PreTTRConfig, PreTTRModel
     from pyserini_mores.models.tk import TKConfig, TKModel
     from pyserini_mores.sidecar.build import BuildOptions, run_build
 
@@ -452,9 +453,13 @@ def test_a_build_codes_each_stored_terms_word_id_and_refuses_what_gives_none(tin
     with pytest.raises(ValueError, match="--rq-word-stage applies to --codec rq, not opq"):
         BuildOptions(index=str(tiny_index), reranker="tk", codec="opq", rq_word_stage=True)
     capsys.readouterr()
-    assert sidecar_main(["build", "--index", str(tiny_index), "--reranker", "maxsim", "--model", str(tiny_maxsim_dir),
-                         "--output", str(tmp_path / "maxsim"), "--codec", "rq", "--rq-word-stage"]) == 2
+    prettr = PreTTRModel(PreTTRConfig(encoder=BertDims(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                       intermediate_size=64), join_layer=1), tokenizer)
+    prettr.save_pretrained(tmp_path / "tiny-prettr")
+    assert sidecar_main(["build", "--index", str(tiny_index), "--reranker", "prettr", "--model",
+                         str(tmp_path / "tiny-prettr"), "--output", str(tmp_path / "prettr"), "--codec", "rq",
+                         "--rq-word-stage"]) == 2
     err = capsys.readouterr().err
-    assert err == ("error: --rq-word-stage codes the token id of each stored vector, which a maxsim model does not "
-                   "give (tk does)\n")
-    assert not (tmp_path / "maxsim").exists()
+    assert err == ("error: --rq-word-stage codes the token id of each stored vector, which a prettr model does not "
+                   "give (tk and maxsim do)\n")
+    assert not (tmp_path / "prettr").exists()
