@@ -80,11 +80,13 @@ def code_inner_products(tables: CodeTables, codes: torch.Tensor) -> torch.Tensor
     entries = codes[..., WORD_ID_BYTES:] if tables.words is not None else codes
     books = entries.shape[-1]
     offsets = torch.arange(books, device=codes.device, dtype=torch.int32) * tables.entries
-    index = entries.int() + offsets  # int32: half the bytes of int64 indices
+    # int32 (half the bytes of int64), each look-up's row written once into one index: the entries', then the word's
+    index = torch.empty(batch, length, books + (tables.words is not None), dtype=torch.int32, device=codes.device)
+    torch.add(entries, offsets, out=index[..., :books])
     if tables.words is not None:
         word = codes[..., 0].int() | (codes[..., 1].int() << 8)
         tables.words.make(word)
-        index = torch.cat([index, (word + tables.words.offset)[..., None]], dim=-1)
+        torch.add(word, tables.words.offset, out=index[..., books])
     with torch.autocast(device_type=codes.device.type, enabled=False):
         dots = F.embedding_bag(index.reshape(batch * length, -1), tables.table, mode="sum")  # [B * Lmax, q]
     return dots.reshape(batch, length, -1).transpose(1, 2)
